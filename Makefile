@@ -1,0 +1,54 @@
+# htmqc — run `make help` for the list of targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.htmqc-setup-stamp
+export PYTHONPATH := $(CURDIR):$(CURDIR)/src
+export HTMQC_CONTRACTS ?= 1
+
+CORE := src/htmqc/core
+CROSSHAIR_TIMEOUT ?= 4
+
+.PHONY: help setup test lint typecheck pytest crosshair verify verify-long bench demo clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@command -v java >/dev/null || (apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP) ## create .venv and install htmqc with what tests need (idempotent)
+
+lint: setup ## ruff over the whole tree
+	$(VENV)/bin/ruff check src tests model_checks proofs benchmarks
+
+typecheck: setup ## mypy --strict over the core
+	$(VENV)/bin/mypy --strict $(CORE)
+
+pytest: setup ## the pytest suite
+	$(PY) -m pytest -q
+
+crosshair: setup ## CrossHair checks every icontract contract of the core
+	$(PY) -m model_checks.crosshair_gate --per-condition-timeout $(CROSSHAIR_TIMEOUT)
+
+test: lint typecheck pytest crosshair ## everything: lint, types, tests, proofs (what CI runs)
+
+verify: setup crosshair ## the formal checks (CrossHair, stateful model comparison)
+	$(PY) -m pytest -q -m formal
+
+verify-long: setup ## longer formal runs (thorough Hypothesis profile)
+	HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -q -m formal
+
+bench: setup ## benchmarks; results go to benchmarks/results/
+	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.core_bench --contracts off
+	HTMQC_CONTRACTS=1 $(PY) -m benchmarks.core_bench --contracts on
+
+clean: ## remove build output (not the venv)
+	rm -rf build .pytest_cache .mypy_cache .ruff_cache .hypothesis

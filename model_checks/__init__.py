@@ -1,0 +1,1 @@
+"""Model checks: the independent reference model, the TLC runner and trace validation."""

@@ -1,0 +1,194 @@
+"""An independent reference model of one consumer-group member.
+
+Deliberately naive: plain dictionaries and sets, every watermark recomputed
+from scratch, no cleverness shared with :mod:`htmqc.core`. The stateful
+Hypothesis tests drive the core and this model with the same events and compare
+their observable state after every step; conformance vectors and trace replays
+use it as the oracle. Its vocabulary (event names, state names) is the
+transition table's, so that the two can be compared, but it restates the
+lifecycle edges itself instead of reading :data:`htmqc.core.TRANSITIONS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# The lifecycle, restated: event -> (source state, target state).
+LIFECYCLE = {
+    "started": ("Pending", "Processing"),
+    "succeeded": ("Processing", "Succeeded"),
+    "failed": ("Processing", "Failed"),
+    "retry_scheduled": ("Failed", "Retrying"),
+    "retry_due": ("Retrying", "Processing"),
+    "dead_lettered": ("Failed", "DeadLettered"),
+}
+DONE = {"Succeeded", "DeadLettered"}
+
+
+class RefError(Exception):
+    """The model refuses an event (the core must refuse it too)."""
+
+
+@dataclass
+class RefPartition:
+    """One assigned partition: every offset the fetcher covered, with its state."""
+
+    start: int
+    epoch: int
+    skip: set[int] = field(default_factory=set)
+    next: int = 0
+    committed: int = 0
+    requested: int = 0
+    draining: bool = False
+    states: dict[int, str] = field(default_factory=dict)  # arrived offsets only
+    failures: dict[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.next = self.committed = self.requested = self.start
+
+    def unfinished(self) -> set[int]:
+        return {o for o, s in self.states.items() if s not in DONE}
+
+    def processed(self) -> int:
+        return min(self.unfinished() | {self.next})
+
+    def observe(self) -> dict[str, Any]:
+        p = self.processed()
+        return {
+            "epoch": self.epoch,
+            "next": self.next,
+            "processed": p,
+            "committed": self.committed,
+            "requested": self.requested,
+            "draining": self.draining,
+            "in_flight": {str(o): self.states[o] for o in sorted(self.unfinished())},
+            "finished_above": sorted(
+                o for o, s in self.states.items() if s in DONE and o > p
+            ),
+        }
+
+
+class ReferenceConsumer:
+    """The naive twin of :class:`htmqc.core.ConsumerCore` (same method names)."""
+
+    def __init__(self, max_retries: int = 3) -> None:
+        self.max_retries = max_retries
+        self.parts: dict[tuple[str, int], RefPartition] = {}
+        self.last_epoch = 0
+
+    def assign(self, tp: tuple[str, int], committed: int, finished_above: Any = ()) -> int:
+        if tp in self.parts:
+            raise RefError("already assigned")
+        if committed < 0 or any(o < committed for o in finished_above):
+            raise RefError("bad start")
+        self.last_epoch += 1
+        self.parts[tp] = RefPartition(committed, self.last_epoch, set(finished_above))
+        return self.last_epoch
+
+    restored = assign
+
+    def _part(self, tp: tuple[str, int], epoch: int) -> RefPartition | None:
+        part = self.parts.get(tp)
+        return part if part is not None and part.epoch == epoch else None
+
+    def fetched(
+        self, tp: tuple[str, int], epoch: int, offsets: list[int], end: int | None = None
+    ) -> list[int]:
+        part = self._part(tp, epoch)
+        if part is None:
+            return []
+        if not offsets and end is None:
+            return []
+        if part.draining:
+            raise RefError("draining")
+        if offsets and (offsets[0] < part.next or sorted(set(offsets)) != list(offsets)):
+            raise RefError("order")
+        hi = end if end is not None else offsets[-1] + 1
+        if hi < part.next or (offsets and hi <= offsets[-1]):
+            raise RefError("end")
+        run = []
+        for o in offsets:
+            if o in part.skip:
+                part.states[o] = "Succeeded"
+            else:
+                part.states[o] = "Pending"
+                run.append(o)
+        part.skip = {o for o in part.skip if o >= hi}
+        part.next = hi
+        return run
+
+    def event(self, name: str, tp: tuple[str, int], epoch: int, offsets: list[int]) -> bool:
+        """Apply a lifecycle event to a batch, all or nothing."""
+        part = self._part(tp, epoch)
+        if part is None:
+            return False
+        source, target = LIFECYCLE[name]
+        if len(set(offsets)) != len(offsets):
+            raise RefError("duplicate in batch")
+        if part.draining and name in ("started", "retry_due"):
+            raise RefError("draining")
+        if any(part.states.get(o) != source for o in offsets):
+            raise RefError(f"{name} needs {source}")
+        for o in offsets:
+            part.states[o] = target
+            if name == "failed":
+                part.failures[o] = part.failures.get(o, 0) + 1
+        return True
+
+    def failed(
+        self, tp: tuple[str, int], epoch: int, offset: int, permanent: bool
+    ) -> str | None:
+        """'retry' or 'dead_letter' (the state moves as the core's does), None if late."""
+        if not self.event("failed", tp, epoch, [offset]):
+            return None
+        part = self.parts[tp]
+        if not permanent and part.failures[offset] <= self.max_retries:
+            self.event("retry_scheduled", tp, epoch, [offset])
+            return "retry"
+        return "dead_letter"
+
+    def commit_requested(self, tp: tuple[str, int]) -> int | None:
+        part = self.parts.get(tp)
+        if part is None:
+            return None
+        p = part.processed()
+        if p > part.requested:
+            part.requested = p
+            return p
+        return None
+
+    def commit_acked(self, tp: tuple[str, int], epoch: int, offset: int) -> bool:
+        part = self._part(tp, epoch)
+        if part is None:
+            return False
+        if offset > part.processed():
+            raise RefError("ack above watermark")
+        if offset <= part.committed:
+            return False
+        part.committed = offset
+        part.requested = max(part.requested, offset)
+        return True
+
+    def commit_failed(self, tp: tuple[str, int], epoch: int, offset: int) -> bool:
+        part = self._part(tp, epoch)
+        if part is None:
+            return False
+        if offset > part.committed:
+            part.requested = part.committed
+        return True
+
+    def revoking(self, tp: tuple[str, int]) -> None:
+        if tp in self.parts:
+            self.parts[tp].draining = True
+
+    def revoked(self, tp: tuple[str, int]) -> int | None:
+        offset = self.commit_requested(tp)
+        self.parts.pop(tp, None)
+        return offset
+
+    def crashed(self) -> None:
+        self.parts.clear()
+
+    def snapshot(self) -> dict[str, Any]:
+        return {f"{t}/{p}": part.observe() for (t, p), part in sorted(self.parts.items())}

@@ -1,0 +1,5 @@
+import sys
+
+from htmqc.cli import main
+
+sys.exit(main())

@@ -1,0 +1,286 @@
+"""The consumer core: every partition this member holds, and the decisions.
+
+Theory of operation
+-------------------
+:class:`ConsumerCore` is what the runtime drives. It owns one
+:class:`~htmqc.core.partition.PartitionTracker` per assigned partition and
+answers events with values (h11's sans-I/O style):
+
+=====================  ==========================================================
+event                  answer
+=====================  ==========================================================
+``assign``/``restored``  a fresh *epoch* for the partition
+``fetched``            the offsets to run (Pending)
+``started``            -
+``succeeded``          -
+``failed``             :class:`RetryAt` or :class:`DeadLetter`
+``retry_due``          - (the message runs again)
+``dead_lettered``      -
+``commit_requested``   :class:`Commit` or ``None``
+``commit_acked``       whether ``committed`` moved
+``commit_failed``      -
+``revoking``           - (nothing new starts)
+``revoked``            the last :class:`Commit` or ``None``; state dropped
+``crashed``            - (all volatile state dropped)
+=====================  ==========================================================
+
+Epochs. Every assignment gets a new epoch, and every decision carries it.
+Events about a partition carry the epoch they belong to; an event whose epoch is
+not the partition's current one (the partition was revoked, or revoked and
+assigned again) is *late*: it is ignored and the method returns ``False`` (or
+``None``/an empty batch). This is how acks that arrive after a revoke, and
+completions from workers that outlived their assignment, are made harmless.
+Events that are not late but illegal raise :class:`~htmqc.core.errors.CoreError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import icontract
+
+from htmqc.core.contracts import ENABLED
+from htmqc.core.decisions import Commit, DeadLetter, RetryAt, TopicPartition
+from htmqc.core.errors import IllegalTransition, NotAssigned
+from htmqc.core.lifecycle import Event
+from htmqc.core.partition import PartitionTracker
+from htmqc.core.retry import FailureKind, RetryPolicy
+
+_NOTHING: tuple[int, ...] = ()
+
+
+class ConsumerCore:
+    """The pure state of one consumer-group member (see module docs)."""
+
+    def __init__(self, retry: RetryPolicy | None = None) -> None:
+        self.retry = retry if retry is not None else RetryPolicy()
+        self._parts: dict[TopicPartition, PartitionTracker] = {}
+        self._epochs: dict[TopicPartition, int] = {}
+        self._last_epoch = 0
+
+    # -- assignment ----------------------------------------------------------------------
+
+    @icontract.snapshot(lambda self: self._last_epoch, name="last_epoch")
+    @icontract.ensure(
+        lambda self, tp, result, OLD: result == self._epochs[tp] == OLD.last_epoch + 1,
+        "every assignment gets a fresh epoch",
+        enabled=ENABLED,
+    )
+    def assign(
+        self, tp: TopicPartition, committed: int, finished_above: Iterable[int] = ()
+    ) -> int:
+        """Take ``tp``, starting at its durable position ``committed``; return the epoch.
+
+        ``finished_above``: offsets above ``committed`` whose effects the sink
+        already holds (from an earlier :class:`Commit`); they will not run again.
+        Assigning a partition that is already held is an :class:`IllegalTransition`.
+        """
+        if tp in self._parts:
+            raise IllegalTransition(f"assign: {_name(tp)} is already assigned")
+        tracker = PartitionTracker(committed, finished_above)
+        self._last_epoch += 1
+        self._parts[tp] = tracker
+        self._epochs[tp] = self._last_epoch
+        return self._last_epoch
+
+    def restored(
+        self, tp: TopicPartition, committed: int, finished_above: Iterable[int] = ()
+    ) -> int:
+        """After :meth:`crashed`: take ``tp`` again from its durable position.
+
+        The same as :meth:`assign`; a separate name so traces say what happened."""
+        return self.assign(tp, committed, finished_above)
+
+    def revoking(self, tp: TopicPartition) -> None:
+        """``tp`` is being revoked: nothing new is fetched, started or retried."""
+        tracker = self._parts.get(tp)
+        if tracker is not None:
+            tracker.begin_drain()
+
+    @icontract.ensure(lambda self, tp: tp not in self._parts, enabled=ENABLED)
+    def revoked(self, tp: TopicPartition) -> Commit | None:
+        """Drop ``tp``; return the final commit of its watermark, if any is new.
+
+        Unfinished work is dropped; it will run again wherever ``tp`` goes next.
+        Any later event for this assignment is ignored as late."""
+        commit = self.commit_requested(tp)
+        self._parts.pop(tp, None)
+        self._epochs.pop(tp, None)
+        return commit
+
+    @icontract.ensure(lambda self: not self._parts, enabled=ENABLED)
+    def crashed(self) -> None:
+        """The process died: every partition's volatile state is gone."""
+        self._parts.clear()
+        self._epochs.clear()
+
+    # -- views ---------------------------------------------------------------------------
+
+    def partitions(self) -> Iterator[tuple[TopicPartition, int, PartitionTracker]]:
+        """``(tp, epoch, tracker)`` for every held partition (do not mutate trackers)."""
+        for tp, tracker in self._parts.items():
+            yield tp, self._epochs[tp], tracker
+
+    def tracker(self, tp: TopicPartition) -> PartitionTracker:
+        """The tracker of a held partition; :class:`NotAssigned` otherwise."""
+        try:
+            return self._parts[tp]
+        except KeyError:
+            raise NotAssigned(f"{_name(tp)} is not assigned") from None
+
+    def epoch(self, tp: TopicPartition) -> int | None:
+        """The current epoch of ``tp``, or ``None`` if it is not held."""
+        return self._epochs.get(tp)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every held partition's state as plain data, keyed ``"topic/partition"``."""
+        return {
+            _name(tp): {"epoch": self._epochs[tp], **t.snapshot()}
+            for tp, t in sorted(self._parts.items())
+        }
+
+    def _current(self, tp: TopicPartition, epoch: int) -> PartitionTracker | None:
+        if self._epochs.get(tp) != epoch:
+            return None
+        return self._parts[tp]
+
+    # -- fetching and lifecycle ----------------------------------------------------------
+
+    def fetched(
+        self, tp: TopicPartition, epoch: int, offsets: Sequence[int], end: int | None = None
+    ) -> Sequence[int]:
+        """Record a fetched batch (see :meth:`PartitionTracker.fetched`); return
+        the offsets to run. A late batch (stale epoch) returns nothing to run."""
+        tracker = self._current(tp, epoch)
+        if tracker is None:
+            return _NOTHING
+        return tracker.fetched(offsets, end)
+
+    def _event(self, event: Event, tp: TopicPartition, epoch: int, offset: int) -> bool:
+        tracker = self._current(tp, epoch)
+        if tracker is None:
+            return False
+        tracker.apply(event, offset)
+        return True
+
+    def _events(
+        self, event: Event, tp: TopicPartition, epoch: int, offsets: Sequence[int]
+    ) -> bool:
+        tracker = self._current(tp, epoch)
+        if tracker is None:
+            return False
+        tracker.apply_many(event, offsets)
+        return True
+
+    def started(self, tp: TopicPartition, epoch: int, offset: int) -> bool:
+        """Pending -> Processing. False if late."""
+        return self._event(Event.START, tp, epoch, offset)
+
+    def started_many(self, tp: TopicPartition, epoch: int, offsets: Sequence[int]) -> bool:
+        """Batch form of :meth:`started`: all or none."""
+        return self._events(Event.START, tp, epoch, offsets)
+
+    def succeeded(self, tp: TopicPartition, epoch: int, offset: int) -> bool:
+        """Processing -> Succeeded (finished). False if late."""
+        return self._event(Event.SUCCEED, tp, epoch, offset)
+
+    def succeeded_many(self, tp: TopicPartition, epoch: int, offsets: Sequence[int]) -> bool:
+        """Batch form of :meth:`succeeded`: all or none."""
+        return self._events(Event.SUCCEED, tp, epoch, offsets)
+
+    def retry_due(self, tp: TopicPartition, epoch: int, offset: int) -> bool:
+        """Retrying -> Processing: the backoff passed and the message runs again."""
+        return self._event(Event.RETRY_DUE, tp, epoch, offset)
+
+    def dead_lettered(self, tp: TopicPartition, epoch: int, offset: int) -> bool:
+        """Failed -> DeadLettered (finished): the DLQ write is done."""
+        return self._event(Event.DEAD_LETTER, tp, epoch, offset)
+
+    def dead_lettered_many(
+        self, tp: TopicPartition, epoch: int, offsets: Sequence[int]
+    ) -> bool:
+        """Batch form of :meth:`dead_lettered`: all or none."""
+        return self._events(Event.DEAD_LETTER, tp, epoch, offsets)
+
+    @icontract.require(lambda jitter: 0.0 <= jitter <= 1.0, enabled=ENABLED)
+    @icontract.ensure(
+        lambda self, now, result: not isinstance(result, RetryAt)
+        or now <= result.at <= now + self.retry.max_delay,
+        "a retry is scheduled within the backoff cap",
+        enabled=ENABLED,
+    )
+    def failed(
+        self,
+        tp: TopicPartition,
+        epoch: int,
+        offset: int,
+        kind: FailureKind,
+        now: float,
+        jitter: float,
+    ) -> RetryAt | DeadLetter | None:
+        """Processing -> Failed, then the retry policy decides.
+
+        Retry: Failed -> Retrying and :class:`RetryAt` at ``now`` + backoff (``jitter``
+        in ``[0, 1]`` is the caller's random draw). Otherwise the message stays Failed
+        and :class:`DeadLetter` asks the runtime to write it to the DLQ and report
+        :meth:`dead_lettered`. ``None`` if late."""
+        tracker = self._current(tp, epoch)
+        if tracker is None:
+            return None
+        tracker.apply(Event.FAIL, offset)
+        attempts = tracker.failures(offset)
+        if self.retry.should_retry(kind, attempts):
+            tracker.apply(Event.SCHEDULE_RETRY, offset)
+            delay = self.retry.delay(attempts, jitter)
+            return RetryAt(tp=tp, epoch=epoch, offset=offset, attempt=attempts, at=now + delay)
+        return DeadLetter(
+            tp=tp,
+            epoch=epoch,
+            offset=offset,
+            attempts=attempts,
+            permanent=kind is FailureKind.PERMANENT,
+        )
+
+    # -- commits -------------------------------------------------------------------------
+
+    def commit_requested(self, tp: TopicPartition) -> Commit | None:
+        """The commit to make for ``tp`` now, or ``None`` if nothing new is finished."""
+        tracker = self._parts.get(tp)
+        if tracker is None:
+            return None
+        offset = tracker.commit_requested()
+        if offset is None:
+            return None
+        return Commit(
+            tp=tp, epoch=self._epochs[tp], offset=offset, finished_above=tracker.finished_above()
+        )
+
+    def commits(self) -> list[Commit]:
+        """:meth:`commit_requested` for every held partition, leaving out ``None``."""
+        out = []
+        for tp in self._parts:
+            commit = self.commit_requested(tp)
+            if commit is not None:
+                out.append(commit)
+        return out
+
+    def commit_acked(self, tp: TopicPartition, epoch: int, offset: int) -> bool:
+        """``offset`` is durable. True if ``committed`` moved; False if the ack was
+        late (stale epoch), duplicated or overtaken by a later ack."""
+        tracker = self._current(tp, epoch)
+        if tracker is None:
+            return False
+        return tracker.commit_acked(offset)
+
+    def commit_failed(self, tp: TopicPartition, epoch: int, offset: int) -> bool:
+        """A commit failed: it will be requested again. False if late."""
+        tracker = self._current(tp, epoch)
+        if tracker is None:
+            return False
+        tracker.commit_failed(offset)
+        return True
+
+
+def _name(tp: TopicPartition) -> str:
+    return f"{tp[0]}/{tp[1]}"

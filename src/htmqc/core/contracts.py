@@ -1,0 +1,25 @@
+"""The one switch for runtime contracts.
+
+icontract pre/postconditions guard every core transition. They are on unless
+the environment variable ``HTMQC_CONTRACTS`` is ``0`` (or ``false``/``off``)
+when :mod:`htmqc.core` is first imported. Turn them off in production and in
+benchmarks; keep them on in tests. The switch is read once, at import: the
+decorators are then either applied or not applied at all, so disabled
+contracts cost nothing on the hot path.
+
+Reading one environment variable at import is the only contact the core has
+with its surroundings; it decides which code is loaded, not what it does.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Final
+
+
+def _enabled(value: str | None) -> bool:
+    return (value or "1").strip().lower() not in {"0", "false", "off", "no"}
+
+
+#: Whether icontract conditions are checked in this process.
+ENABLED: Final[bool] = _enabled(os.environ.get("HTMQC_CONTRACTS"))
