@@ -41,6 +41,7 @@ class RefPartition:
     committed: int = 0
     requested: int = 0
     draining: bool = False
+    unsent: bool = False  # something finished since the last commit request
     states: dict[int, str] = field(default_factory=dict)  # arrived offsets only
     failures: dict[int, int] = field(default_factory=dict)
 
@@ -80,7 +81,7 @@ class ReferenceConsumer:
     def assign(self, tp: tuple[str, int], committed: int, finished_above: Any = ()) -> int:
         if tp in self.parts:
             raise RefError("already assigned")
-        if committed < 0 or any(o < committed for o in finished_above):
+        if committed < 0 or any(o <= committed for o in finished_above):
             raise RefError("bad start")
         self.last_epoch += 1
         self.parts[tp] = RefPartition(committed, self.last_epoch, set(finished_above))
@@ -130,6 +131,8 @@ class ReferenceConsumer:
             raise RefError("draining")
         if any(part.states.get(o) != source for o in offsets):
             raise RefError(f"{name} needs {source}")
+        if target in DONE and offsets:
+            part.unsent = True
         for o in offsets:
             part.states[o] = target
             if name == "failed":
@@ -153,8 +156,9 @@ class ReferenceConsumer:
         if part is None:
             return None
         p = part.processed()
-        if p > part.requested:
+        if p > part.requested or part.unsent:
             part.requested = p
+            part.unsent = False
             return p
         return None
 
@@ -174,8 +178,8 @@ class ReferenceConsumer:
         part = self._part(tp, epoch)
         if part is None:
             return False
-        if offset > part.committed:
-            part.requested = part.committed
+        part.requested = part.committed
+        part.unsent = True
         return True
 
     def revoking(self, tp: tuple[str, int]) -> None:

@@ -40,9 +40,9 @@ from typing import Any
 
 import icontract
 
-from htmqc.core.contracts import ENABLED
+from htmqc.core.contracts import ENABLED, capture_old
 from htmqc.core.decisions import Commit, DeadLetter, RetryAt, TopicPartition
-from htmqc.core.errors import IllegalTransition, NotAssigned
+from htmqc.core.errors import IllegalTransition, NotAssigned, OffsetOrderError
 from htmqc.core.lifecycle import Event
 from htmqc.core.partition import PartitionTracker
 from htmqc.core.retry import FailureKind, RetryPolicy
@@ -61,7 +61,7 @@ class ConsumerCore:
 
     # -- assignment ----------------------------------------------------------------------
 
-    @icontract.snapshot(lambda self: self._last_epoch, name="last_epoch")
+    @capture_old(lambda self: self._last_epoch, name="last_epoch")
     @icontract.ensure(
         lambda self, tp, result, OLD: result == self._epochs[tp] == OLD.last_epoch + 1,
         "every assignment gets a fresh epoch",
@@ -75,9 +75,14 @@ class ConsumerCore:
         ``finished_above``: offsets above ``committed`` whose effects the sink
         already holds (from an earlier :class:`Commit`); they will not run again.
         Assigning a partition that is already held is an :class:`IllegalTransition`.
+
+        :raises IllegalTransition: ``tp`` is already assigned.
+        :raises OffsetOrderError: ``committed`` is negative or above a finished offset.
         """
         if tp in self._parts:
             raise IllegalTransition(f"assign: {_name(tp)} is already assigned")
+        if committed < 0:
+            raise OffsetOrderError(f"assign: {_name(tp)} cannot start at offset {committed}")
         tracker = PartitionTracker(committed, finished_above)
         self._last_epoch += 1
         self._parts[tp] = tracker
@@ -89,7 +94,11 @@ class ConsumerCore:
     ) -> int:
         """After :meth:`crashed`: take ``tp`` again from its durable position.
 
-        The same as :meth:`assign`; a separate name so traces say what happened."""
+        The same as :meth:`assign`; a separate name so traces say what happened.
+
+        :raises IllegalTransition: ``tp`` is already assigned.
+        :raises OffsetOrderError: ``committed`` is negative or above a finished offset.
+        """
         return self.assign(tp, committed, finished_above)
 
     def revoking(self, tp: TopicPartition) -> None:
@@ -123,7 +132,10 @@ class ConsumerCore:
             yield tp, self._epochs[tp], tracker
 
     def tracker(self, tp: TopicPartition) -> PartitionTracker:
-        """The tracker of a held partition; :class:`NotAssigned` otherwise."""
+        """The tracker of a held partition.
+
+        :raises NotAssigned: ``tp`` is not held.
+        """
         try:
             return self._parts[tp]
         except KeyError:
@@ -151,7 +163,11 @@ class ConsumerCore:
         self, tp: TopicPartition, epoch: int, offsets: Sequence[int], end: int | None = None
     ) -> Sequence[int]:
         """Record a fetched batch (see :meth:`PartitionTracker.fetched`); return
-        the offsets to run. A late batch (stale epoch) returns nothing to run."""
+        the offsets to run. A late batch (stale epoch) returns nothing to run.
+
+        :raises IllegalTransition: the partition is being revoked.
+        :raises OffsetOrderError: the batch starts below ``next`` or is out of order.
+        """
         tracker = self._current(tp, epoch)
         if tracker is None:
             return _NOTHING
@@ -174,33 +190,54 @@ class ConsumerCore:
         return True
 
     def started(self, tp: TopicPartition, epoch: int, offset: int) -> bool:
-        """Pending -> Processing. False if late."""
+        """Pending -> Processing. False if late.
+
+        :raises IllegalTransition: an offset is not in the event's source state.
+        """
         return self._event(Event.START, tp, epoch, offset)
 
     def started_many(self, tp: TopicPartition, epoch: int, offsets: Sequence[int]) -> bool:
-        """Batch form of :meth:`started`: all or none."""
+        """Batch form of :meth:`started`: all or none.
+
+        :raises IllegalTransition: an offset is not in the event's source state.
+        """
         return self._events(Event.START, tp, epoch, offsets)
 
     def succeeded(self, tp: TopicPartition, epoch: int, offset: int) -> bool:
-        """Processing -> Succeeded (finished). False if late."""
+        """Processing -> Succeeded (finished). False if late.
+
+        :raises IllegalTransition: an offset is not in the event's source state.
+        """
         return self._event(Event.SUCCEED, tp, epoch, offset)
 
     def succeeded_many(self, tp: TopicPartition, epoch: int, offsets: Sequence[int]) -> bool:
-        """Batch form of :meth:`succeeded`: all or none."""
+        """Batch form of :meth:`succeeded`: all or none.
+
+        :raises IllegalTransition: an offset is not in the event's source state.
+        """
         return self._events(Event.SUCCEED, tp, epoch, offsets)
 
     def retry_due(self, tp: TopicPartition, epoch: int, offset: int) -> bool:
-        """Retrying -> Processing: the backoff passed and the message runs again."""
+        """Retrying -> Processing: the backoff passed and the message runs again.
+
+        :raises IllegalTransition: an offset is not in the event's source state.
+        """
         return self._event(Event.RETRY_DUE, tp, epoch, offset)
 
     def dead_lettered(self, tp: TopicPartition, epoch: int, offset: int) -> bool:
-        """Failed -> DeadLettered (finished): the DLQ write is done."""
+        """Failed -> DeadLettered (finished): the DLQ write is done.
+
+        :raises IllegalTransition: an offset is not in the event's source state.
+        """
         return self._event(Event.DEAD_LETTER, tp, epoch, offset)
 
     def dead_lettered_many(
         self, tp: TopicPartition, epoch: int, offsets: Sequence[int]
     ) -> bool:
-        """Batch form of :meth:`dead_lettered`: all or none."""
+        """Batch form of :meth:`dead_lettered`: all or none.
+
+        :raises IllegalTransition: an offset is not in the event's source state.
+        """
         return self._events(Event.DEAD_LETTER, tp, epoch, offsets)
 
     @icontract.require(lambda jitter: 0.0 <= jitter <= 1.0, enabled=ENABLED)
@@ -224,7 +261,10 @@ class ConsumerCore:
         Retry: Failed -> Retrying and :class:`RetryAt` at ``now`` + backoff (``jitter``
         in ``[0, 1]`` is the caller's random draw). Otherwise the message stays Failed
         and :class:`DeadLetter` asks the runtime to write it to the DLQ and report
-        :meth:`dead_lettered`. ``None`` if late."""
+        :meth:`dead_lettered`. ``None`` if late.
+
+        :raises IllegalTransition: ``offset`` is not Processing.
+        """
         tracker = self._current(tp, epoch)
         if tracker is None:
             return None
@@ -267,7 +307,10 @@ class ConsumerCore:
 
     def commit_acked(self, tp: TopicPartition, epoch: int, offset: int) -> bool:
         """``offset`` is durable. True if ``committed`` moved; False if the ack was
-        late (stale epoch), duplicated or overtaken by a later ack."""
+        late (stale epoch), duplicated or overtaken by a later ack.
+
+        :raises IllegalTransition: ``offset`` is above the watermark.
+        """
         tracker = self._current(tp, epoch)
         if tracker is None:
             return False

@@ -18,7 +18,11 @@ Three watermarks describe a partition::
   sink. It never moves backwards.
 
 ``requested`` (``committed <= requested <= processed``) is the highest offset
-handed out in a :meth:`commit_requested` that has not failed.
+handed out in a :meth:`commit_requested` that has not failed. A commit is due
+when the watermark passed ``requested`` or when offsets finished out of order
+since the last request (``unsent``): an exactly-once sink must store the set of
+offsets finished above the watermark with every transaction, or a restart would
+run them again.
 
 The seed document states the invariant with inclusive offsets, "last committed
 <= last processed < next"; :mod:`htmqc.core.offsets` maps one form to the other.
@@ -50,14 +54,14 @@ Illegal events raise :class:`~htmqc.core.errors.IllegalTransition` or
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import islice, repeat
 from operator import lt
-from typing import Any
+from typing import Any, TypeVar
 
 import icontract
 
-from htmqc.core.contracts import ENABLED
+from htmqc.core.contracts import ENABLED, capture_old
 from htmqc.core.errors import IllegalTransition, OffsetOrderError
 from htmqc.core.lifecycle import EDGES, FINISHED, INITIAL, Event, MessageState
 
@@ -84,14 +88,29 @@ def tracker_invariant(t: PartitionTracker) -> bool:
             return False
     elif t._processed != t._next:
         return False
-    if any(a >= b for a, b in zip(order, islice(order, 1, None))):
+    if any(a >= b for a, b in zip(order, islice(order, 1, None), strict=False)):
         return False
     if order and (order[0] < t._processed or order[-1] >= t._next):
         return False
     return set(live) <= set(order) and set(t._failures) <= set(live)
 
 
-@icontract.invariant(lambda self: tracker_invariant(self), enabled=ENABLED)
+def _invariant_after(self: PartitionTracker) -> bool:
+    return tracker_invariant(self)
+
+
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
+
+
+def _keeps_invariant() -> Callable[[_Fn], _Fn]:
+    # A postcondition rather than an icontract class invariant: class invariants
+    # also wrap __eq__/__ne__, which CrossHair then explores to no purpose.
+    decorator: Callable[[_Fn], _Fn] = icontract.ensure(
+        _invariant_after, "the tracker invariant holds", enabled=ENABLED
+    )
+    return decorator
+
+
 class PartitionTracker:
     """Offsets and message states of one assigned partition (see module docs).
 
@@ -101,17 +120,19 @@ class PartitionTracker:
     finished at once and not handed out to run.
     """
 
-    @icontract.require(lambda start: start >= 0, "start offset must be >= 0", enabled=ENABLED)
+    @_keeps_invariant()
     def __init__(self, start: int, finished_above: Iterable[int] = ()) -> None:
+        """:raises OffsetOrderError: ``start`` is negative or above a finished offset."""
         if start < 0:
             raise OffsetOrderError(f"cannot start at negative offset {start}")
         skip = set(finished_above)
-        if any(o < start for o in skip):
-            raise OffsetOrderError(f"finished_above offsets must be >= start {start}")
+        if any(o <= start for o in skip):
+            raise OffsetOrderError(f"finished_above offsets must be above start {start}")
         self._next = start
         self._processed = start
         self._committed = start
         self._requested = start
+        self._unsent = False
         self._live: dict[int, MessageState] = {}
         self._order: deque[int] = deque()
         self._failures: dict[int, int] = {}
@@ -180,7 +201,7 @@ class PartitionTracker:
 
     # -- fetching ------------------------------------------------------------------------
 
-    @icontract.snapshot(lambda self: self._next, name="next")
+    @capture_old(lambda self: self._next, name="next")
     @icontract.ensure(
         lambda self, end, offsets, OLD: self._next
         == (end if end is not None else (offsets[-1] + 1 if offsets else OLD.next)),
@@ -192,6 +213,7 @@ class PartitionTracker:
         "every offset handed out is Pending",
         enabled=ENABLED,
     )
+    @_keeps_invariant()
     def fetched(self, offsets: Sequence[int], end: int | None = None) -> Sequence[int]:
         """Record a fetched batch covering ``[next, end)``; return the offsets to run.
 
@@ -199,6 +221,9 @@ class PartitionTracker:
         ``end``: one past the covered range; defaults to ``offsets[-1] + 1``. Offsets
         of the range that did not arrive are gaps. The returned offsets are Pending;
         offsets the sink already holds (``finished_above``) are left out.
+
+        :raises IllegalTransition: the partition is being revoked.
+        :raises OffsetOrderError: the batch starts below ``next`` or is out of order.
         """
         if self._draining:
             raise IllegalTransition("fetched: the partition is being revoked")
@@ -208,7 +233,11 @@ class PartitionTracker:
             last = offsets[-1]
             if first < lo:
                 raise OffsetOrderError(f"fetched offset {first} is below next ({lo})")
-            if len(offsets) > 1 and not all(map(lt, offsets, islice(offsets, 1, None))):
+            if (
+                len(offsets) > 1
+                and not (isinstance(offsets, range) and offsets.step == 1)
+                and not all(map(lt, offsets, islice(offsets, 1, None)))
+            ):
                 raise OffsetOrderError("fetched offsets are not strictly increasing")
             hi = last + 1 if end is None else end
             if hi <= last:
@@ -219,12 +248,14 @@ class PartitionTracker:
             hi = end
             if hi < lo:
                 raise OffsetOrderError(f"range end {hi} is below next ({lo})")
+        # Offsets the sink already holds arrive finished: they stay in _order so
+        # that later commits keep carrying them in finished_above.
+        self._order.extend(offsets)
         if self._skip:
             skip = self._skip
             offsets = [o for o in offsets if o not in skip]
             self._skip = {o for o in skip if o >= hi}
         self._live.update(dict.fromkeys(offsets, INITIAL))
-        self._order.extend(offsets)
         self._next = hi
         if self._processed not in self._live:
             self._advance()
@@ -232,7 +263,7 @@ class PartitionTracker:
 
     # -- lifecycle events ---------------------------------------------------------------
 
-    @icontract.snapshot(lambda self: self._processed, name="processed")
+    @capture_old(lambda self: self._processed, name="processed")
     @icontract.ensure(
         lambda self, event, offset, result: result is EDGES[event][1]
         and (self._live.get(offset) is result or (result in FINISHED and offset not in self._live)),
@@ -243,8 +274,12 @@ class PartitionTracker:
         lambda self, OLD: self._processed >= OLD.processed, "the watermark never moves back",
         enabled=ENABLED,
     )
+    @_keeps_invariant()
     def apply(self, event: Event, offset: int) -> MessageState:
-        """Move ``offset`` along the edge of ``event``; return its new state."""
+        """Move ``offset`` along the edge of ``event``; return its new state.
+
+        :raises IllegalTransition: ``offset`` is not in the edge's source state.
+        """
         source, target = EDGES[event]
         live = self._live
         if live.get(offset) is not source or (
@@ -254,6 +289,7 @@ class PartitionTracker:
         if event in _FINISHING:
             del live[offset]
             self._failures.pop(offset, None)
+            self._unsent = True
             if offset == self._processed:
                 self._advance()
         else:
@@ -262,7 +298,7 @@ class PartitionTracker:
                 self._failures[offset] = self._failures.get(offset, 0) + 1
         return target
 
-    @icontract.snapshot(lambda self: self._processed, name="processed")
+    @capture_old(lambda self: self._processed, name="processed")
     @icontract.ensure(
         lambda self, event, offsets: all(
             self._live.get(o) is EDGES[event][1]
@@ -276,19 +312,28 @@ class PartitionTracker:
         lambda self, OLD: self._processed >= OLD.processed, "the watermark never moves back",
         enabled=ENABLED,
     )
+    @_keeps_invariant()
     def apply_many(self, event: Event, offsets: Sequence[int]) -> None:
-        """Batch form of :meth:`apply`: all offsets move, or none does."""
+        """Batch form of :meth:`apply`: all offsets move, or none does.
+
+        :raises IllegalTransition: an offset is not in the edge's source state.
+        """
         source, target = EDGES[event]
         live = self._live
         n = len(offsets)
-        if (
-            list(map(live.get, offsets)).count(source) != n
-            or (n > 1 and len(set(offsets)) != n)
-            or (self._draining and event in _FORBIDDEN_WHILE_DRAINING)
+        if list(map(live.get, offsets)).count(source) != n or (
+            self._draining and event in _FORBIDDEN_WHILE_DRAINING
         ):
             self._reject(event, offsets)
         if event in _FINISHING:
-            deque(map(live.__delitem__, offsets), maxlen=0)
+            size = len(live)
+            deque(map(live.pop, offsets, repeat(None, n)), maxlen=0)
+            if size - len(live) != n:
+                # A duplicate in the batch: every offset was in `source`, so
+                # putting them back restores the tracker exactly; then refuse.
+                live.update(dict.fromkeys(offsets, source))
+                self._reject(event, offsets)
+            self._unsent = True
             if self._failures:
                 failures = self._failures
                 for o in offsets:
@@ -296,7 +341,10 @@ class PartitionTracker:
             if self._processed not in live:
                 self._advance()
         else:
-            live.update(dict.fromkeys(offsets, target))
+            moved = dict.fromkeys(offsets, target)
+            if len(moved) != n:
+                self._reject(event, offsets)
+            live.update(moved)
             if event is Event.FAIL:
                 failures = self._failures
                 for o in offsets:
@@ -339,30 +387,42 @@ class PartitionTracker:
 
     # -- commits ------------------------------------------------------------------------
 
-    @icontract.snapshot(lambda self: self._requested, name="requested")
+    @capture_old(lambda self: (self._requested, self._unsent), name="before")
     @icontract.ensure(
-        lambda self, result, OLD: (result is None and self._requested == OLD.requested)
-        or (result == self._processed == self._requested and result > OLD.requested),
-        "a commit request hands out the watermark, once",
+        lambda self, result, OLD: (
+            result is None
+            and self._requested == OLD.before[0]
+            and not OLD.before[1]
+            and self._processed == OLD.before[0]
+        )
+        or (result == self._processed == self._requested and not self._unsent),
+        "a commit request hands out the watermark whenever something new finished",
         enabled=ENABLED,
     )
+    @_keeps_invariant()
     def commit_requested(self) -> int | None:
-        """The offset to make durable now, or ``None`` if nothing new is finished."""
-        if self._processed > self._requested:
+        """The offset to make durable now (the watermark), or ``None`` if nothing
+        finished since the last request. Pair it with :meth:`finished_above`."""
+        if self._processed > self._requested or self._unsent:
             self._requested = self._processed
+            self._unsent = False
             return self._processed
         return None
 
-    @icontract.snapshot(lambda self: self._committed, name="committed")
+    @capture_old(lambda self: self._committed, name="committed")
     @icontract.ensure(
         lambda self, offset, result, OLD: self._committed == max(OLD.committed, offset)
         and result == (offset > OLD.committed),
         "committed only grows, to the acked offset",
         enabled=ENABLED,
     )
+    @_keeps_invariant()
     def commit_acked(self, offset: int) -> bool:
         """The broker or sink made ``offset`` durable. Returns False when the ack is
-        late or duplicated (at or below ``committed``), which changes nothing."""
+        late or duplicated (at or below ``committed``), which changes nothing.
+
+        :raises IllegalTransition: ``offset`` is above the watermark.
+        """
         if offset > self._processed:
             raise IllegalTransition(
                 f"commit_acked: offset {offset} is above the watermark ({self._processed})"
@@ -375,15 +435,19 @@ class PartitionTracker:
         return True
 
     @icontract.ensure(
-        lambda self, offset: offset <= self._committed or self._requested == self._committed,
+        lambda self: self._requested == self._committed and self._unsent,
         "a failed commit is requested again",
         enabled=ENABLED,
     )
+    @_keeps_invariant()
     def commit_failed(self, offset: int) -> None:
-        """A commit of ``offset`` failed; the next :meth:`commit_requested` asks again."""
-        if offset > self._committed:
-            self._requested = self._committed
+        """A commit of ``offset`` failed; the next :meth:`commit_requested` asks again
+        (also when ``offset`` was already durable: the failed commit may have carried
+        a newer ``finished_above``)."""
+        self._requested = self._committed
+        self._unsent = True
 
+    @_keeps_invariant()
     def begin_drain(self) -> None:
         """The partition is being revoked: nothing new is fetched or started;
         running messages may still finish and commits may still be made."""

@@ -1,0 +1,1 @@
+"""Deliberately wrong functions that the verification layers must reject."""

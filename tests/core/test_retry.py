@@ -1,0 +1,47 @@
+"""Backoff and the retry decision, as properties."""
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from htmqc.core import FailureKind, RetryPolicy
+
+policies = st.builds(
+    lambda base, extra, n: RetryPolicy(max_retries=n, base_delay=base, max_delay=base + extra),
+    st.floats(0, 100),
+    st.floats(0, 1000),
+    st.integers(0, 20),
+)
+
+
+@given(policies, st.integers(1, 10**6), st.floats(0, 1))
+def test_backoff_is_never_negative_and_never_above_its_cap(
+    p: RetryPolicy, attempt: int, jitter: float
+) -> None:
+    d = p.delay(attempt, jitter)
+    assert 0 <= d <= p.max_delay and math.isfinite(d)
+
+
+@given(policies, st.integers(1, 40))
+def test_full_jitter_spans_zero_to_the_exponential_ceiling(p: RetryPolicy, attempt: int) -> None:
+    assert p.delay(attempt, 0.0) == 0.0
+    ceiling = min(p.max_delay, p.base_delay * 2 ** (attempt - 1))
+    assert p.delay(attempt, 1.0) == pytest.approx(ceiling)
+
+
+@given(policies, st.integers(1, 50), st.sampled_from(list(FailureKind)))
+def test_retry_until_the_budget_is_spent_unless_permanent(
+    p: RetryPolicy, attempts: int, kind: FailureKind
+) -> None:
+    expected = kind is not FailureKind.PERMANENT and attempts <= p.max_retries
+    assert p.should_retry(kind, attempts) == expected
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"max_retries": -1}, {"base_delay": 5, "max_delay": 1}, {"base_delay": -1}]
+)
+def test_bad_policies_are_rejected(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        RetryPolicy(**kwargs)  # type: ignore[arg-type]
