@@ -8,8 +8,11 @@ from htmqc.core import (
     FailureKind,
     IllegalTransition,
     MessageState,
+    Permanent,
+    Retryable,
     RetryAt,
     RetryPolicy,
+    classify,
 )
 
 __version__ = "0.1.0"
@@ -22,7 +25,10 @@ __all__ = [
     "FailureKind",
     "IllegalTransition",
     "MessageState",
+    "Permanent",
     "RetryAt",
     "RetryPolicy",
+    "Retryable",
     "__version__",
+    "classify",
 ]

@@ -45,3 +45,26 @@ def test_retry_until_the_budget_is_spent_unless_permanent(
 def test_bad_policies_are_rejected(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         RetryPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+class DatabaseBusy(Exception):
+    pass
+
+
+class Deadlock(DatabaseBusy):
+    pass
+
+
+def test_classification_of_handler_exceptions() -> None:
+    from htmqc import Permanent, Retryable, classify
+
+    class BadPayload(Permanent):
+        pass
+
+    assert classify(Retryable("try later")) is FailureKind.RETRYABLE
+    assert classify(BadPayload("no")) is FailureKind.PERMANENT
+    assert classify(KeyError("x")) is FailureKind.UNKNOWN
+    mapping = {DatabaseBusy: FailureKind.RETRYABLE, Deadlock: FailureKind.PERMANENT}
+    assert classify(Deadlock(), mapping) is FailureKind.PERMANENT  # most specific wins
+    assert classify(DatabaseBusy(), mapping) is FailureKind.RETRYABLE
+    assert classify(ValueError(), {Exception: FailureKind.PERMANENT}) is FailureKind.PERMANENT

@@ -12,7 +12,7 @@ from htmqc.core.decisions import Commit, DeadLetter, Decision, RetryAt, TopicPar
 from htmqc.core.errors import CoreError, IllegalTransition, NotAssigned, OffsetOrderError
 from htmqc.core.lifecycle import EDGES, FINISHED, TRANSITIONS, Event, MessageState
 from htmqc.core.partition import PartitionTracker, tracker_invariant
-from htmqc.core.retry import FailureKind, RetryPolicy
+from htmqc.core.retry import FailureKind, Permanent, Retryable, RetryPolicy, classify
 
 __all__ = [
     "CONTRACTS_ENABLED",
@@ -31,8 +31,11 @@ __all__ = [
     "NotAssigned",
     "OffsetOrderError",
     "PartitionTracker",
+    "Permanent",
     "RetryAt",
     "RetryPolicy",
+    "Retryable",
     "TopicPartition",
+    "classify",
     "tracker_invariant",
 ]

@@ -13,6 +13,7 @@ caller draws (the core owns no random source, so a seed reproduces a run).
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import icontract
@@ -26,6 +27,35 @@ class FailureKind(enum.Enum):
     RETRYABLE = "retryable"
     PERMANENT = "permanent"
     UNKNOWN = "unknown"
+
+
+class Retryable(Exception):
+    """Raise (or subclass) in a handler for a failure worth retrying."""
+
+
+class Permanent(Exception):
+    """Raise (or subclass) in a handler for a failure no retry can fix: the
+    message goes to the dead-letter queue at once."""
+
+
+def classify(
+    exc: BaseException, mapping: Mapping[type[BaseException], FailureKind] | None = None
+) -> FailureKind:
+    """The kind of a handler's exception.
+
+    ``mapping`` lets users classify their own (or third-party) exception types; the
+    most specific class in the exception's MRO that appears in ``mapping`` wins. Then
+    :class:`Retryable` and :class:`Permanent`; anything else is ``UNKNOWN``."""
+    if mapping:
+        for cls in type(exc).__mro__:
+            kind = mapping.get(cls)
+            if kind is not None:
+                return kind
+    if isinstance(exc, Permanent):
+        return FailureKind.PERMANENT
+    if isinstance(exc, Retryable):
+        return FailureKind.RETRYABLE
+    return FailureKind.UNKNOWN
 
 
 #: The exponent is clamped here so ``2**n`` can never overflow a float.
