@@ -1,5 +1,6 @@
 # htmqc — run `make help` for the list of targets.
 SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
 .DEFAULT_GOAL := help
 
 PYTHON ?= python3
@@ -10,6 +11,9 @@ export PYTHONPATH := $(CURDIR):$(CURDIR)/src
 export HTMQC_CONTRACTS ?= 1
 
 CORE := src/htmqc/core
+LINTED := $(wildcard src tests model_checks proofs spec benchmarks examples)
+# pip warns about every local index folder this machine's pip.conf names; keep the rest.
+QUIET_PIP := { grep -v "^WARNING: Location 'file://" || true; }
 CROSSHAIR_TIMEOUT ?= 4
 
 .PHONY: help setup test lint typecheck pytest crosshair verify verify-long bench demo clean
@@ -20,14 +24,14 @@ help: ## list the targets
 $(STAMP): pyproject.toml
 	@command -v java >/dev/null || (apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --upgrade pip 2>&1 | $(QUIET_PIP)
+	$(PY) -m pip install -q -e '.[dev]' 2>&1 | $(QUIET_PIP)
 	touch $(STAMP)
 
 setup: $(STAMP) ## create .venv and install htmqc with what tests need (idempotent)
 
 lint: setup ## ruff over the whole tree
-	$(VENV)/bin/ruff check src tests model_checks proofs benchmarks
+	$(VENV)/bin/ruff check $(LINTED)
 
 typecheck: setup ## mypy --strict over the core
 	$(VENV)/bin/mypy --strict $(CORE)
