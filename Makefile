@@ -16,7 +16,7 @@ LINTED := $(wildcard src tests model_checks proofs spec benchmarks examples)
 QUIET_PIP := { grep -v "^WARNING: Location 'file://" || true; }
 CROSSHAIR_TIMEOUT ?= 4
 
-.PHONY: help setup test lint typecheck pytest crosshair verify verify-long bench demo clean
+.PHONY: help setup test lint typecheck pytest crosshair proofs spec-check formal-tests verify verify-long bench demo clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -36,16 +36,25 @@ lint: setup ## ruff over the whole tree
 typecheck: setup ## mypy --strict over the core
 	$(VENV)/bin/mypy --strict $(CORE)
 
-pytest: setup ## the pytest suite
-	$(PY) -m pytest -q
+pytest: setup ## the pytest suite, less the formal checks (those run in `verify`)
+	$(PY) -m pytest -q -m "not formal"
 
 crosshair: setup ## CrossHair checks every icontract contract of the core
 	$(PY) -m model_checks.crosshair_gate --per-condition-timeout $(CROSSHAIR_TIMEOUT)
 
-test: lint typecheck pytest crosshair ## everything: lint, types, tests, proofs (what CI runs)
+proofs: setup ## Z3: every core transition keeps the invariant; mutants are refuted
+	$(PY) -m proofs
 
-verify: setup crosshair ## the formal checks (CrossHair, stateful model comparison)
+spec-check: setup ## the generated diagram, table and conformance vectors are current
+	$(PY) -m spec.diagram --check
+	$(PY) -m spec.conformance.generate --check
+
+formal-tests: setup ## pytest's formal tests (Hypothesis stateful vs reference model, gates)
 	$(PY) -m pytest -q -m formal
+
+test: lint typecheck verify pytest ## everything CI runs: lint, types, proof gate, tests
+
+verify: crosshair proofs spec-check formal-tests ## the proof gate: CrossHair, Z3, model comparison
 
 verify-long: setup ## longer formal runs (thorough Hypothesis profile)
 	HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -q -m formal

@@ -286,3 +286,11 @@ def test_memory_is_bounded_by_the_window() -> None:
         t.apply_many(Event.SUCCEED, offsets[::-1])
         assert len(t._order) == 0 and len(t._live) == 0
     assert t.processed == t.next == 5000
+
+
+def test_an_empty_poll_while_draining_is_no_event(core: ConsumerCore) -> None:
+    e = core.assign(TP, 0)
+    core.revoking(TP)
+    assert list(core.fetched(TP, e, [])) == []
+    with pytest.raises(IllegalTransition, match="being revoked"):
+        core.fetched(TP, e, [], end=3)

@@ -225,6 +225,8 @@ class PartitionTracker:
         :raises IllegalTransition: the partition is being revoked.
         :raises OffsetOrderError: the batch starts below ``next`` or is out of order.
         """
+        if not offsets and end is None:
+            return offsets  # nothing arrived and no range was covered: no event
         if self._draining:
             raise IllegalTransition("fetched: the partition is being revoked")
         lo = self._next
@@ -242,9 +244,8 @@ class PartitionTracker:
             hi = last + 1 if end is None else end
             if hi <= last:
                 raise OffsetOrderError(f"range end {hi} is not above the last offset {last}")
-        elif end is None:
-            return offsets
         else:
+            assert end is not None  # the empty, end-less batch returned above
             hi = end
             if hi < lo:
                 raise OffsetOrderError(f"range end {hi} is below next ({lo})")

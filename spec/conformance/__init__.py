@@ -1,0 +1,1 @@
+"""Conformance vectors: event sequences with the expected core state after each step."""
