@@ -1,0 +1,255 @@
+"""One small, read-only HTTP server for metrics and the live state.
+
+Routes (GET and HEAD only; anything else is ``405``)::
+
+    /metrics      Prometheus text format (from :class:`~htmqc.observe.metrics.Metrics`)
+    /state.json   the state document (:mod:`htmqc.observe.state`)
+    /state        the live page (``page.html``), refreshing from /state.json
+    /healthz      ``ok``
+
+Safety: binds to ``127.0.0.1`` unless ``host`` is given explicitly. Each
+connection has ``request_timeout`` seconds, in total, to send its request head
+(a deadline, not an idle timeout, so a client dribbling one byte at a time is
+cut off too), heads are capped at ``MAX_HEAD`` bytes, one request per
+connection, and at most ``max_connections`` connections are served at once
+(more are closed at once). Handlers run in daemon threads; the server itself
+runs in one daemon thread between :meth:`ObserveServer.start` and
+:meth:`ObserveServer.stop`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from htmqc.errors import RuntimeFailure
+from htmqc.observe.metrics import Metrics
+from htmqc.observe.state import StateSource
+
+#: Largest request head accepted, bytes.
+MAX_HEAD = 16 * 1024
+_END_OF_HEAD = b"\r\n\r\n"
+
+
+def _page() -> bytes:
+    return resources.files("htmqc.observe").joinpath("page.html").read_bytes()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    server_version = "htmqc-observe"
+    sys_version = ""
+
+    def handle(self) -> None:
+        # Read the whole head under a deadline ourselves, then let
+        # BaseHTTPRequestHandler parse it from memory.
+        head = _read_head(self.connection, self.server.request_timeout)
+        if head is None:
+            self.close_connection = True
+            return
+        self.rfile = io.BytesIO(head)
+        self.close_connection = True
+        self.handle_one_request()
+
+    def do_GET(self) -> None:
+        self._respond(send_body=True)
+
+    def do_HEAD(self) -> None:
+        self._respond(send_body=False)
+
+    def _not_allowed(self) -> None:
+        self.send_response(405)
+        self.send_header("Allow", "GET, HEAD")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed
+
+    def _respond(self, *, send_body: bool) -> None:
+        path = self.path.split("?", 1)[0]
+        try:
+            route = self.server.routes.get(path)
+            if route is None:
+                status, ctype, body = 404, "text/plain; charset=utf-8", b"not found\n"
+            else:
+                ctype, make = route
+                status, body = 200, make()
+        except Exception as exc:  # a broken source answers 500, the server lives on
+            status, ctype = 500, "text/plain; charset=utf-8"
+            body = f"state unavailable: {type(exc).__name__}\n".encode()
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
+        self.end_headers()
+        if send_body:
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: scrapes every few seconds would flood stderr."""
+
+
+def _read_head(conn: socket.socket, timeout: float) -> bytes | None:
+    """The request head, or ``None`` if it was not complete within ``timeout``
+    seconds, was too big, or the client went away."""
+    deadline = time.monotonic() + timeout
+    buf = bytearray()
+    while _END_OF_HEAD not in buf:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or len(buf) > MAX_HEAD:
+            return None
+        conn.settimeout(remaining)
+        try:
+            chunk = conn.recv(4096)
+        except OSError:
+            return None
+        if not chunk:
+            return None
+        buf += chunk
+    conn.settimeout(timeout)  # for writing the answer
+    return bytes(buf)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 64
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        routes: dict[str, tuple[str, Any]],
+        request_timeout: float,
+        max_connections: int,
+    ) -> None:
+        self.routes = routes
+        self.request_timeout = request_timeout
+        self._slots = threading.BoundedSemaphore(max_connections)
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+class ObserveServer:
+    """Serves ``/metrics``, ``/state.json``, ``/state`` and ``/healthz`` (module docs).
+
+    ``metrics`` may be ``None`` (then ``/metrics`` is 404); ``source`` defaults to
+    ``metrics.source``.
+    """
+
+    def __init__(
+        self,
+        metrics: Metrics | None = None,
+        source: StateSource | None = None,
+        *,
+        host: str = "127.0.0.1",
+        request_timeout: float = 5.0,
+        max_connections: int = 32,
+    ) -> None:
+        if source is None and metrics is not None:
+            source = metrics.source
+        if source is None:
+            raise ValueError("ObserveServer needs a state source (or metrics with one)")
+        self.metrics = metrics
+        self.source = source
+        self.host = host
+        self.request_timeout = request_timeout
+        self.max_connections = max_connections
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def _routes(self) -> dict[str, tuple[str, Any]]:
+        source = self.source
+        page = _page()
+        routes: dict[str, tuple[str, Any]] = {
+            "/state.json": (
+                "application/json",
+                lambda: json.dumps(source.state(), separators=(",", ":")).encode(),
+            ),
+            "/state": ("text/html; charset=utf-8", lambda: page),
+            "/": ("text/html; charset=utf-8", lambda: page),
+            "/healthz": ("text/plain; charset=utf-8", lambda: b"ok\n"),
+        }
+        if self.metrics is not None:
+            routes["/metrics"] = (CONTENT_TYPE_LATEST, self.metrics.exposition)
+        return routes
+
+    @property
+    def port(self) -> int:
+        """The bound port (after :meth:`start`)."""
+        if self._server is None:
+            raise RuntimeError("the server is not started")
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` (after :meth:`start`)."""
+        host = self.host if ":" not in self.host else f"[{self.host}]"
+        return f"http://{host}:{self.port}"
+
+    def start(self, port: int = 0) -> int:
+        """Bind (``port=0``: any free port), serve in a daemon thread; return the port.
+
+        :raises RuntimeFailure: the address is in use or not available.
+        """
+        if self._server is not None:
+            raise RuntimeError("the server is already started")
+        try:
+            server = _Server(
+                (self.host, port), self._routes(), self.request_timeout, self.max_connections
+            )
+        except OSError as exc:
+            raise RuntimeFailure(
+                f"cannot serve metrics on {self.host}:{port}: {exc.strerror or exc}",
+                "choose another --metrics-port (0 picks a free one) or stop what uses it",
+            ) from None
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.2},
+            name="htmqc-observe", daemon=True,
+        )
+        self._thread.start()
+        return self.port
+
+    def stop(self) -> None:
+        """Stop serving and close the socket (idempotent)."""
+        server, thread = self._server, self._thread
+        self._server = self._thread = None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if thread is not None:
+            thread.join(timeout=5)
+
+    def __enter__(self) -> ObserveServer:
+        if self._server is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

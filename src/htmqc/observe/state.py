@@ -1,0 +1,197 @@
+"""The consumer's live state as plain, JSON-ready data (what ``/state.json`` returns).
+
+Theory of operation
+-------------------
+Observability never reaches into the runtime. It reads a :class:`StateSource`:
+anything with ``state() -> dict`` returning the document below. The runtime
+plugs in a :class:`CoreStateSource` (or its own source built on
+:func:`core_state`); tests drive a real :class:`~htmqc.core.ConsumerCore` by hand.
+``state()`` is called from the HTTP server's threads, once per scrape or page
+refresh, so a source must be safe to call from another thread:
+:class:`CoreStateSource` takes the runtime's lock around the read.
+
+Schema (version 1)
+------------------
+::
+
+    {
+      "version": 1,
+      "generated_at": 1763850000.25,        # unix seconds, when this document was made
+      "started_at": 1763849000.0 | null,    # unix seconds, when the source started
+      "partitions": [                       # sorted by (topic, partition)
+        {
+          "topic": "orders", "partition": 0, "name": "orders/0",
+          "epoch": 3,                       # assignment epoch (core)
+          "committed": 100,                 # durable watermark (Kafka convention: next to read)
+          "requested": 100,                 # highest commit requested and not failed
+          "processed": 120,                 # every offset below is finished
+          "next": 130,                      # one past the highest fetched offset
+          "high": 150 | null,               # broker high watermark, when the runtime knows it
+          "lag": 50 | null,                 # high - committed, when high is known
+          "draining": false,                # being revoked
+          "paused": false,                  # fetching paused (flow control)
+          "in_flight_count": 9,             # unfinished offsets in [processed, next)
+          "in_flight": [{"offset": 120, "state": "Processing"}, ...],
+          "finished_above": [125, 127],     # finished out of order, above processed
+          "truncated": false                # the two lists were cut at max_offsets
+        }
+      ],
+      "in_flight": 9,                       # sum of in_flight_count
+      "paused_partitions": 0,
+      "flow": {"window": 1000, "limit": 1000, "max_in_flight": 10000,
+               "min_window": 16, "max_window": 10000, "paused": false} | null,
+      "dlq": {"failed": 2, "poison": 1},    # messages dead-lettered, by kind
+      "extra": {...}                        # free-form, JSON-ready, from the runtime
+    }
+
+Invariant carried over from the core: ``committed <= processed <= next`` and every
+in-flight or finished-above offset lies in ``[processed, next)``.
+Nothing here carries a secret: topic names, numbers and state names only.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from htmqc.core import ConsumerCore, TopicPartition
+from htmqc.core.flow import FlowWindow
+
+#: Version of the document layout above; bumped on incompatible changes.
+SCHEMA_VERSION = 1
+
+#: Default cap on the offsets listed per partition (the counts stay exact).
+MAX_OFFSETS = 1000
+
+
+@runtime_checkable
+class StateSource(Protocol):
+    """Something that can describe the consumer's state (see module docs)."""
+
+    def state(self) -> dict[str, Any]:
+        """The state document; must be safe to call from another thread."""
+        ...
+
+
+def flow_state(flow: FlowWindow) -> dict[str, Any]:
+    """The flow window's figures as plain data."""
+    p = flow.policy
+    return {
+        "window": flow.window,
+        "limit": flow.limit,
+        "max_in_flight": p.max_in_flight,
+        "min_window": p.min_window,
+        "max_window": p.max_window,
+        "paused": flow.paused,
+    }
+
+
+def core_state(
+    core: ConsumerCore,
+    *,
+    flow: FlowWindow | None = None,
+    paused: Iterable[TopicPartition] = (),
+    dlq_counts: Mapping[str, int] | None = None,
+    high_watermarks: Mapping[TopicPartition, int] | None = None,
+    extra: Mapping[str, Any] | None = None,
+    started_at: float | None = None,
+    now: float | None = None,
+    max_offsets: int = MAX_OFFSETS,
+) -> dict[str, Any]:
+    """Build the state document (module docs) from a core and the runtime's extras.
+
+    Reads ``core`` only; the caller must keep it still meanwhile (hold the
+    runtime's lock). ``now`` defaults to the wall clock.
+    """
+    paused_set = set(paused)
+    highs = high_watermarks or {}
+    parts: list[dict[str, Any]] = []
+    total_in_flight = 0
+    for tp, epoch, tracker in sorted(core.partitions(), key=lambda item: item[0]):
+        live = tracker.in_flight()
+        finished = tracker.finished_above()
+        offsets = sorted(live)
+        high = highs.get(tp)
+        committed = tracker.committed
+        total_in_flight += len(live)
+        parts.append(
+            {
+                "topic": tp[0],
+                "partition": tp[1],
+                "name": f"{tp[0]}/{tp[1]}",
+                "epoch": epoch,
+                "committed": committed,
+                "requested": tracker.requested,
+                "processed": tracker.processed,
+                "next": tracker.next,
+                "high": high,
+                "lag": None if high is None else max(0, high - committed),
+                "draining": tracker.draining,
+                "paused": tp in paused_set,
+                "in_flight_count": len(live),
+                "in_flight": [
+                    {"offset": o, "state": live[o].value} for o in offsets[:max_offsets]
+                ],
+                "finished_above": list(finished[:max_offsets]),
+                "truncated": len(offsets) > max_offsets or len(finished) > max_offsets,
+            }
+        )
+    return {
+        "version": SCHEMA_VERSION,
+        "generated_at": time.time() if now is None else now,
+        "started_at": started_at,
+        "partitions": parts,
+        "in_flight": total_in_flight,
+        "paused_partitions": sum(1 for p in parts if p["paused"]),
+        "flow": None if flow is None else flow_state(flow),
+        "dlq": dict(sorted((dlq_counts or {}).items())),
+        "extra": dict(extra or {}),
+    }
+
+
+class CoreStateSource:
+    """A :class:`StateSource` over a live :class:`ConsumerCore`.
+
+    ``lock``: the lock the runtime holds while it mutates the core (and the
+    flow window); taken around each read so a scrape sees one consistent state.
+    The callables, if given, are called under the lock and return the paused
+    partitions, DLQ counts by kind, broker high watermarks and free-form extras.
+    """
+
+    def __init__(
+        self,
+        core: ConsumerCore,
+        *,
+        lock: threading.Lock | threading.RLock | None = None,
+        flow: FlowWindow | None = None,
+        paused: Callable[[], Iterable[TopicPartition]] | None = None,
+        dlq_counts: Callable[[], Mapping[str, int]] | None = None,
+        high_watermarks: Callable[[], Mapping[TopicPartition, int]] | None = None,
+        extra: Callable[[], Mapping[str, Any]] | None = None,
+        max_offsets: int = MAX_OFFSETS,
+    ) -> None:
+        self.core = core
+        self.flow = flow
+        self._lock = lock if lock is not None else threading.Lock()
+        self._paused = paused
+        self._dlq = dlq_counts
+        self._highs = high_watermarks
+        self._extra = extra
+        self._max_offsets = max_offsets
+        self.started_at = time.time()
+
+    def state(self) -> dict[str, Any]:
+        """The state document (module docs), read under the runtime's lock."""
+        with self._lock:
+            return core_state(
+                self.core,
+                flow=self.flow,
+                paused=self._paused() if self._paused else (),
+                dlq_counts=self._dlq() if self._dlq else None,
+                high_watermarks=self._highs() if self._highs else None,
+                extra=self._extra() if self._extra else None,
+                started_at=self.started_at,
+                max_offsets=self._max_offsets,
+            )
