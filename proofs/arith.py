@@ -15,7 +15,11 @@
   NaN of ``0.0 * inf`` included): any positive ``power``, any
   ``0 <= base <= cap`` (``cap`` may be infinite), any ``jitter`` in [0, 1].
 
-Not here: the flow-control window lemma belongs to a later issue.
+* ``flow:window_bounded`` restates :meth:`htmqc.core.flow.FlowWindow.observe`
+  over the integers (``int(w * d)`` for a positive real product is its floor):
+  for every policy that :class:`~htmqc.core.flow.FlowPolicy` accepts, a window in
+  ``[min_window, max_window]`` stays there after any interval, grows (or stays)
+  when the interval is healthy and shrinks (or stays) when it is not.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from collections.abc import Iterator
 
 import z3
 
-from htmqc.core import offsets, retry
+from htmqc.core import flow, offsets, retry
 from proofs.obligation import Obligation
 
 
@@ -103,6 +107,40 @@ def obligations() -> Iterator[Obligation]:
         expect="COUNTEREXAMPLE",
         shown=shown_b,
     )
+    yield from _flow_obligations()
+
+
+def _flow_obligations() -> Iterator[Obligation]:
+    lo, hi, w, inc, completed = z3.Ints("min_window max_window window increase completed")
+    dec = z3.Real("decrease")
+    healthy = z3.Bool("healthy")
+    policy = [lo >= 1, lo <= hi, inc >= 1, dec > 0, dec < 1, completed >= 0]
+    inv = z3.And(lo <= w, w <= hi)
+    shrunk = z3.ToInt(z3.ToReal(w) * dec)
+    grown = z3.If(completed > 0, _py_min(hi, w + inc), w)
+    after = z3.If(healthy, grown, _py_max(lo, shrunk))
+    shown = {"min": lo, "max": hi, "window": w, "increase": inc, "decrease": dec}
+    yield Obligation(
+        "flow:window_bounded",
+        [*policy, inv],
+        z3.And(
+            lo <= after,
+            after <= hi,
+            z3.Implies(healthy, after >= w),
+            z3.Implies(z3.Not(healthy), after <= w),
+        ),
+        "FlowWindow.observe keeps min_window <= window <= max_window; AIMD direction",
+        shown=shown,
+    )
+    yield Obligation(
+        "mutant:flow_decrease_without_floor",
+        [*policy, inv],
+        z3.And(lo <= shrunk, shrunk <= hi),
+        "MUTANT of observe: window * decrease without the min_window clamp",
+        expect="COUNTEREXAMPLE",
+        shown=shown,
+    )
+    assert flow.FlowPolicy().decrease < 1  # the module restated above
 
 
 def _backoff_ieee754() -> Obligation:
