@@ -1,0 +1,1 @@
+"""Benchmarks: results in benchmarks/results/."""
