@@ -1,4 +1,6 @@
-"""Shared pytest fixtures: the bundled broker and fresh topics on it.
+"""Shared pytest fixtures: the bundled broker and fresh topics on it; and the
+Hypothesis profiles, chosen by ``HYPOTHESIS_PROFILE``: ``ci`` (default, bounded)
+and ``thorough`` (``make verify-long``).
 
 Tests that use them carry ``@pytest.mark.broker``. One broker serves the
 whole session (it starts in well under a second and keeps data in memory);
@@ -8,16 +10,34 @@ other's messages.
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from htmqc.broker import Broker, create_topic, start_broker
 from htmqc.errors import HtmqcError
 
 TopicFactory = Callable[..., str]
+
+settings.register_profile(
+    "ci",
+    max_examples=300,
+    stateful_step_count=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "thorough",
+    max_examples=5000,
+    stateful_step_count=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")
