@@ -1,0 +1,467 @@
+"""The Kafka→Kafka sink: output records and input offsets in one Kafka transaction.
+
+Theory of operation
+-------------------
+A transactional producer (``transactional.id`` = ``htmqc-GROUP-MEMBER``) opens a
+Kafka transaction per :meth:`KafkaSink.begin`. The handler gets an
+:class:`Output`; what it sends inside ``txn.message()`` is buffered and handed
+to the producer only when the block exits normally, so a failed message sends
+nothing. ``commit`` adds the input offsets to the transaction
+(``send_offsets_to_transaction`` with the consumer's group metadata) and
+commits it: downstream ``read_committed`` readers see the output exactly when
+the group's committed offsets cover the input. ``finished_above`` travels in the
+offset-commit metadata (:func:`~htmqc.sinks.encoding.encode_metadata`), so a
+restart skips messages that finished out of order.
+
+Fencing is Kafka's: the broker rejects offsets sent with a stale group
+generation (the partition was reassigned since) and a producer whose epoch was
+bumped by a newer producer with the same ``transactional.id``. Those errors
+become :class:`~htmqc.sinks.base.Fenced`, after aborting. ``claim`` reads the
+group's committed offsets through the consumer and hands out local fence
+tokens; a commit carrying a token older than the partition's latest claim on
+this member is rejected too.
+
+The consumer: this sink needs the runtime's consumer (for ``committed()`` and
+``consumer_group_metadata()``). The runtime calls :meth:`KafkaSink.bind` with it
+before the first ``claim``; the consumer should use
+``isolation.level=read_committed`` and ``enable.auto.commit=false``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+from htmqc.core.decisions import Commit, TopicPartition
+from htmqc.errors import RuntimeFailure, UsageError
+from htmqc.kafka_defaults import producer_config
+from htmqc.sinks.base import (
+    Fenced,
+    Position,
+    SinkStateError,
+    check_no_transaction,
+    partition_name,
+)
+from htmqc.sinks.encoding import decode_finished, decode_metadata, encode_metadata
+from htmqc.sinks.kafka_positions import (
+    DEFAULT_POSITIONS_TOPIC,
+    ensure_topic,
+    read_positions,
+    record_key,
+    record_value,
+)
+
+#: Broker errors that mean "another owner has the partition or the transactional id".
+FENCING_ERRORS = frozenset(
+    {
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+        KafkaError.ILLEGAL_GENERATION,
+        KafkaError.UNKNOWN_MEMBER_ID,
+        KafkaError.REBALANCE_IN_PROGRESS,
+        KafkaError.FENCED_INSTANCE_ID,
+    }
+)
+#: Of those, the ones that make the producer itself unusable.
+PRODUCER_FENCING_ERRORS = frozenset(
+    {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+)
+#: Kafka's default ``offset.metadata.max.bytes``.
+METADATA_MAX_BYTES = 4096
+
+Record = tuple[str, Any, Any, Any]  # topic, value, key, headers
+
+
+class Output:
+    """What a Kafka→Kafka handler receives: ``send`` records into the open
+    transaction. ``topic`` is the sink's output topic (``kafka:TOPIC``)."""
+
+    def __init__(self, txn: KafkaTransaction, topic: str) -> None:
+        self.topic = topic
+        self._txn = txn
+
+    def send(
+        self,
+        topic: str | None,
+        value: str | bytes | None,
+        key: str | bytes | None = None,
+        headers: Mapping[str, str | bytes] | Sequence[tuple[str, str | bytes]] | None = None,
+    ) -> None:
+        """Send a record to ``topic`` (``None``: the sink's output topic). Inside
+        ``txn.message()`` it is produced when the message succeeds."""
+        self._txn.send((topic or self.topic, value, key, headers))
+
+
+class KafkaSink:
+    """Exactly-once Kafka→Kafka through a transactional producer (see module docs)."""
+
+    name = "kafka"
+
+    def __init__(
+        self,
+        topic: str,
+        *,
+        bootstrap: str,
+        kafka_config: Mapping[str, Any] | None = None,
+        member_id: str | None = None,
+        timeout: float = 30.0,
+        positions_topic: str = DEFAULT_POSITIONS_TOPIC,
+    ) -> None:
+        self.topic = topic
+        self.positions_topic = positions_topic
+        self.bootstrap = bootstrap
+        self.member_id = member_id or uuid.uuid4().hex[:12]
+        self.timeout = timeout
+        self.group = ""
+        self._extra = dict(kafka_config or {})
+        self._producer: Producer | None = None
+        self._consumer: Any = None
+        self._txn: KafkaTransaction | None = None
+        self._fences: dict[TopicPartition, int] = {}
+        self._last_fence = 0
+
+    @property
+    def transactional_id(self) -> str:
+        """``htmqc-GROUP-MEMBER``: a restarted member with the same ``member_id``
+        fences its predecessor's producer."""
+        return f"htmqc-{self.group}-{self.member_id}"
+
+    def bind(self, consumer: Any) -> None:
+        """Give the sink the runtime's ``confluent_kafka.Consumer`` (needed by
+        ``claim`` and ``commit``). Call before the first ``claim``."""
+        self._consumer = consumer
+
+    def open(self, group: str) -> None:
+        """Create the transactional producer and ``init_transactions`` (fences
+        an older producer with the same transactional id)."""
+        if not group:
+            raise UsageError("the consumer group name is empty", "pass --group NAME")
+        self.group = group
+        if self._producer is None:
+            self._producer = self._new_producer()
+            ensure_topic(self.bootstrap, self.positions_topic, self._extra, self.timeout)
+
+    def _new_producer(self) -> Producer:
+        config = producer_config(self.bootstrap, self._extra)
+        config.update({"transactional.id": self.transactional_id, "enable.idempotence": True})
+        try:
+            producer = Producer(config)
+            producer.init_transactions(self.timeout)
+        except KafkaException as exc:
+            raise RuntimeFailure(
+                f"kafka sink: cannot start a transactional producer on {self.bootstrap}: "
+                f"{_error_text(exc)}",
+                "check that the broker runs, is reachable, and supports transactions",
+            ) from exc
+        return producer
+
+    def claim(
+        self,
+        tps: Sequence[TopicPartition],
+        *,
+        default_start: Callable[[TopicPartition], int],
+    ) -> dict[TopicPartition, Position]:
+        """The group's committed offsets (and finished-above metadata) for ``tps``."""
+        consumer = self._bound()
+        check_no_transaction(self.name, "claim", self._txn)
+        ordered = sorted(set(tps))
+        if not ordered:
+            return {}
+        try:
+            stored = consumer.committed(
+                [KafkaTopicPartition(t, p) for t, p in ordered], timeout=self.timeout
+            )
+        except KafkaException as exc:
+            raise RuntimeFailure(
+                f"kafka sink: reading the committed offsets of group {self.group!r} failed: "
+                f"{_error_text(exc)}",
+                "check that the broker is reachable",
+            ) from exc
+        starts: dict[TopicPartition, tuple[int, tuple[int, ...]]] = {}
+        need_topic: list[TopicPartition] = []
+        for ktp in stored:
+            tp = (ktp.topic, ktp.partition)
+            if ktp.offset < 0:
+                starts[tp] = (default_start(tp), ())
+                continue
+            starts[tp] = (ktp.offset, self._decode(tp, ktp.offset, ktp.metadata, decode_metadata))
+            if not (ktp.metadata or "").startswith("htmqc1:"):
+                need_topic.append(tp)  # this broker dropped the commit metadata
+        if need_topic:
+            records = read_positions(
+                self.bootstrap,
+                self.positions_topic,
+                self.group,
+                need_topic,
+                self._extra,
+                self.timeout,
+            )
+            for tp, (committed, text) in records.items():
+                if committed == starts[tp][0]:
+                    starts[tp] = (committed, self._decode(tp, committed, text, decode_finished))
+        out: dict[TopicPartition, Position] = {}
+        for tp, (committed, finished) in starts.items():
+            self._last_fence += 1
+            self._fences[tp] = self._last_fence
+            out[tp] = Position(committed, finished, self._last_fence)
+        return out
+
+    def _decode(
+        self,
+        tp: TopicPartition,
+        committed: int,
+        text: str | None,
+        decode: Callable[[int, str], tuple[int, ...]],
+    ) -> tuple[int, ...]:
+        try:
+            return decode(committed, text or "")
+        except ValueError:
+            raise RuntimeFailure(
+                f"kafka sink: the stored finished-above offsets of {partition_name(tp)} "
+                f"({text!r}) are malformed",
+                "commit an offset for that partition without metadata to reset it",
+            ) from None
+
+    def begin(self) -> KafkaTransaction:
+        """``begin_transaction`` (re-creating the producer after a fatal error)."""
+        check_no_transaction(self.name, "begin", self._txn)
+        if not self.group:
+            raise SinkStateError("kafka sink is not open", "call open(group) first")
+        if self._producer is None:
+            self._producer = self._new_producer()
+        try:
+            self._producer.begin_transaction()
+        except KafkaException as exc:
+            self._after_error(exc)
+            raise RuntimeFailure(
+                f"kafka sink: begin_transaction failed: {_error_text(exc)}",
+                "check the broker; the runtime retries from the committed offsets",
+            ) from exc
+        self._txn = KafkaTransaction(self, self._producer)
+        return self._txn
+
+    def close(self) -> None:
+        """Abort an open transaction and drop the producer."""
+        if self._txn is not None:
+            self._txn.abort()
+        producer, self._producer = self._producer, None
+        if producer is not None:  # healthy, no transaction open: closes at once
+            _close_quietly(producer)
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _bound(self) -> Any:
+        if self._consumer is None:
+            raise SinkStateError(
+                "kafka sink has no consumer", "call sink.bind(consumer) before claim/commit"
+            )
+        return self._consumer
+
+    def _after_error(self, exc: KafkaException) -> None:
+        """Leave the producer usable: abort an abortable transaction, drop a
+        fatally failed producer (the next ``begin`` makes a new one)."""
+        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        producer = self._producer
+        if producer is None:
+            return
+        if err is not None and (err.fatal() or err.code() in PRODUCER_FENCING_ERRORS):
+            self._producer = None  # unusable: closing it would try to abort and hang
+            return
+        try:
+            producer.abort_transaction(self.timeout)
+        except KafkaException as again:
+            inner = again.args[0] if again.args else None
+            if isinstance(inner, KafkaError) and inner.code() == KafkaError._STATE:
+                return  # no transaction in progress
+            self._producer = None
+
+
+class KafkaTransaction:
+    """One Kafka transaction of a :class:`KafkaSink` (see module docs).
+
+    Message scopes may run on several threads at once: each thread's sends go to
+    its own scope's buffer. ``commit``/``abort`` wait for running scopes."""
+
+    def __init__(self, sink: KafkaSink, producer: Producer) -> None:
+        self.handle = Output(self, sink.topic)
+        self._sink = sink
+        self._producer = producer
+        self._local = threading.local()
+        self._idle = threading.Condition()
+        self._active = 0
+        self._done = False
+        self._broken: BaseException | None = None
+        self._produced = 0
+
+    @contextmanager
+    def message(self) -> Iterator[None]:
+        """Buffer the sends of one message; produce them only if it succeeds."""
+        self._check_open()
+        if getattr(self._local, "buffer", None) is not None:
+            raise SinkStateError("kafka sink: message() scopes do not nest", "close the outer one")
+        buffer: list[Record] = []
+        self._local.buffer = buffer
+        with self._idle:
+            self._active += 1
+        try:
+            yield
+            for record in buffer:
+                self._produce(record)
+        finally:
+            self._local.buffer = None
+            with self._idle:
+                self._active -= 1
+                self._idle.notify_all()
+
+    def send(self, record: Record) -> None:
+        """Buffer ``record`` in this thread's message scope, or produce it now."""
+        self._check_open()
+        buffer = getattr(self._local, "buffer", None)
+        if buffer is None:
+            self._produce(record)
+        else:
+            buffer.append(record)
+
+    def _produce(self, record: Record) -> None:
+        topic, value, key, headers = record
+        deadline = time.monotonic() + self._sink.timeout
+        try:
+            while True:
+                try:
+                    self._producer.produce(topic, value=value, key=key, headers=headers)
+                    break
+                except BufferError:
+                    if time.monotonic() > deadline:
+                        raise
+                    self._producer.poll(0.05)
+            self._produced += 1
+            if self._produced % 1000 == 0:
+                self._producer.poll(0)
+        except BaseException as exc:
+            # Part of a message may be in the transaction: it must not commit.
+            self._broken = exc
+            raise
+
+    def commit(self, commits: Sequence[tuple[Commit, int]]) -> None:
+        """Send the offsets into the transaction and commit it (see module docs)."""
+        self._check_open()
+        self._wait_idle()
+        sink = self._sink
+        if not commits:
+            self.abort()
+            return
+        tps = [c.tp for c, _ in commits]
+        try:
+            if self._broken is not None:
+                raise RuntimeFailure(
+                    f"kafka sink: producing a message's output failed ({self._broken!r}); "
+                    "the transaction was aborted",
+                    "check the broker; the runtime retries from the committed offsets",
+                )
+            stale = [c.tp for c, fence in commits if sink._fences.get(c.tp) != fence]
+            if stale:
+                raise Fenced.for_partitions(sink.name, stale)
+            offsets = []
+            for commit, _fence in sorted(commits, key=lambda item: item[0].tp):
+                metadata = encode_metadata(commit.offset, commit.finished_above)
+                if len(metadata) > METADATA_MAX_BYTES:
+                    raise RuntimeFailure(
+                        f"kafka sink: {len(commit.finished_above)} offsets finished out of order "
+                        f"on {partition_name(commit.tp)} do not fit the commit metadata",
+                        "lower --max-in-flight so fewer messages finish out of order",
+                    )
+                offsets.append(KafkaTopicPartition(*commit.tp, commit.offset, metadata=metadata))
+                if commit.finished_above:
+                    self._produce(
+                        (
+                            sink.positions_topic,
+                            record_value(commit.offset, metadata.removeprefix("htmqc1:")),
+                            record_key(sink.group, commit.tp),
+                            None,
+                        )
+                    )
+            group_metadata = sink._bound().consumer_group_metadata()
+            self._producer.send_offsets_to_transaction(offsets, group_metadata, sink.timeout)
+            self._commit_with_retries()
+        except KafkaException as exc:
+            self._finish()
+            sink._after_error(exc)
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if err is not None and err.code() in FENCING_ERRORS:
+                raise Fenced(
+                    f"kafka sink: the transaction for {', '.join(map(partition_name, tps))} "
+                    f"was fenced ({_error_text(exc)}); nothing of it was stored",
+                    "let the partitions go: their new owner processes them",
+                    tps=tps,
+                ) from exc
+            raise RuntimeFailure(
+                f"kafka sink: committing the transaction failed: {_error_text(exc)}",
+                "check the broker; the runtime retries from the committed offsets",
+            ) from exc
+        except BaseException:
+            self.abort()
+            raise
+        self._finish()
+
+    def _commit_with_retries(self) -> None:
+        deadline = time.monotonic() + self._sink.timeout
+        while True:
+            try:
+                self._producer.commit_transaction(self._sink.timeout)
+                return
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if not (isinstance(err, KafkaError) and err.retriable()):
+                    raise
+                if time.monotonic() > deadline:
+                    raise
+
+    def abort(self) -> None:
+        """``abort_transaction``: nothing of it becomes visible (idempotent)."""
+        if self._done:
+            return
+        self._wait_idle()
+        self._finish()
+        try:
+            self._producer.abort_transaction(self._sink.timeout)
+        except KafkaException as exc:
+            self._sink._after_error(exc)
+
+    def _wait_idle(self) -> None:
+        if getattr(self._local, "buffer", None) is not None:
+            raise SinkStateError(
+                "kafka sink: commit/abort inside a message() scope", "close the scope first"
+            )
+        with self._idle:
+            self._idle.wait_for(lambda: self._active == 0)
+
+    def _finish(self) -> None:
+        self._done = True
+        if self._sink._txn is self:
+            self._sink._txn = None
+
+    def _check_open(self) -> None:
+        if self._done:
+            raise SinkStateError(
+                "kafka sink: this transaction is already committed or aborted",
+                "call sink.begin() for a new one",
+            )
+
+
+def _close_quietly(producer: Producer) -> None:
+    """Close a producer that has nothing left to send (its transaction is over)."""
+    with suppress(KafkaException, RuntimeError):
+        producer.close()
+
+
+def _error_text(exc: KafkaException) -> str:
+    err = exc.args[0] if exc.args else None
+    return err.str() if isinstance(err, KafkaError) else str(exc)

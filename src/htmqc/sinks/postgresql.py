@@ -1,0 +1,90 @@
+"""The PostgreSQL sink (psycopg 3): effects and positions in one database.
+
+Concurrency: ``commit`` locks each position row with ``SELECT ... FOR UPDATE``
+before comparing its fence; ``claim`` bumps the fence with an ``UPDATE``, which
+takes the same row lock. So a claim and a commit on one partition serialize:
+either the commit runs first and the claim returns the new position, or the
+claim runs first and the commit sees the new fence and is rolled back
+(:class:`~htmqc.sinks.base.Fenced`). Under READ COMMITTED a locking read returns
+the latest committed row, so the fence compared is never a stale snapshot.
+Table creation takes a transaction-scoped advisory lock, so members starting
+together do not race ``CREATE TABLE IF NOT EXISTS``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from htmqc.errors import RuntimeFailure
+from htmqc.sinks.sql import SqlSink
+from htmqc.sinks.urls import DEFAULT_TABLE_PREFIX, redact_url
+
+
+class PostgresSink(SqlSink):
+    """Exactly-once into PostgreSQL at ``conninfo`` (a ``postgresql://`` URL);
+    the handler gets a ``psycopg.Cursor`` of the open transaction."""
+
+    name = "postgresql"
+    param = "%s"
+    now_sql = "now()"
+    lock_suffix = " FOR UPDATE"
+    db_error = psycopg.Error
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        table_prefix: str = DEFAULT_TABLE_PREFIX,
+        connect_timeout: int = 10,
+        display: str | None = None,
+    ) -> None:
+        super().__init__(display or redact_url(conninfo), table_prefix)
+        self._conninfo = conninfo
+        self.connect_timeout = connect_timeout
+
+    def connect(self) -> Any:
+        """Connect in autocommit mode; failures name the redacted URL."""
+        extra: dict[str, Any] = {}
+        if "connect_timeout" not in self._conninfo:
+            extra["connect_timeout"] = self.connect_timeout
+        try:
+            return psycopg.connect(self._conninfo, autocommit=True, **extra)
+        except psycopg.Error as exc:
+            lines = str(exc).strip().splitlines()
+            detail = redact_url(lines[-1] if lines else type(exc).__name__)
+            password = _password_of(self._conninfo)
+            if password:
+                detail = detail.replace(password, "***")
+            raise RuntimeFailure(
+                f"cannot connect to PostgreSQL sink {self.display}: {detail.strip()}",
+                "check that the server runs (pg_ctlcluster VERSION main start) and that "
+                "the URL's host, port, user, password and database are right",
+            ) from None
+
+    def create_tables(self, cur: Any) -> None:
+        """Create the positions table under an advisory lock."""
+        cur.execute("BEGIN")
+        try:
+            cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self.positions_table,))
+            cur.execute(
+                f'CREATE TABLE IF NOT EXISTS "{self.positions_table}" ('
+                "consumer_group TEXT NOT NULL, topic TEXT NOT NULL, "
+                '"partition" INTEGER NOT NULL, committed BIGINT NOT NULL, '
+                "finished_above TEXT NOT NULL DEFAULT '', fence BIGINT NOT NULL DEFAULT 0, "
+                "updated_at TIMESTAMPTZ NOT NULL DEFAULT now(), "
+                'PRIMARY KEY (consumer_group, topic, "partition"))'
+            )
+            cur.execute("COMMIT")
+        except BaseException:
+            self.rollback_quietly(cur)
+            raise
+
+
+def _password_of(conninfo: str) -> str:
+    """The password in a ``postgresql://user:password@host`` URL, if any."""
+    try:
+        return str(psycopg.conninfo.conninfo_to_dict(conninfo).get("password") or "")
+    except psycopg.Error:
+        return ""

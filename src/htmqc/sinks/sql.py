@@ -1,0 +1,318 @@
+"""What the SQL sinks (SQLite, PostgreSQL) share: the positions table, claim,
+the per-message savepoint, and the fenced commit.
+
+Theory of operation
+-------------------
+One connection per sink, in autocommit mode, with transactions opened
+explicitly. ``htmqc_positions`` holds one row per (consumer group, topic,
+partition): ``committed``, ``finished_above`` (see :mod:`htmqc.sinks.encoding`)
+and ``fence``.
+
+* ``claim`` inserts a row for a partition never seen (at ``default_start``) and
+  bumps ``fence`` with an ``UPDATE ... RETURNING``, all in one write transaction.
+* ``begin`` opens a write transaction; the user's statements go through
+  ``txn.handle`` (a cursor of the same connection).
+* ``message()`` wraps one message in ``SAVEPOINT``/``RELEASE``, and on failure
+  ``ROLLBACK TO`` the savepoint. Scopes are serialized by a lock, so handlers on
+  several worker threads cannot interleave their savepoints; the lock is held
+  while the handler runs.
+* ``commit`` reads each partition's fence *under the write lock* (SQLite: the
+  transaction began ``IMMEDIATE``, so the whole file is locked; PostgreSQL:
+  ``SELECT ... FOR UPDATE`` on the position row, which a concurrent ``claim``'s
+  ``UPDATE`` must wait for), and only if every fence is current stores the
+  positions and commits. A stale fence rolls everything back and raises
+  :class:`~htmqc.sinks.base.Fenced`. Rows are locked in (topic, partition)
+  order in both claim and commit, so two members cannot deadlock.
+
+Subclasses give the dialect: placeholder, clock expression, how a write
+transaction begins, the row-lock suffix, the DDL and the connection.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from typing import Any
+
+from htmqc.core.decisions import Commit, TopicPartition
+from htmqc.errors import HtmqcError, RuntimeFailure, UsageError
+from htmqc.sinks.base import (
+    Fenced,
+    Position,
+    SinkStateError,
+    check_no_transaction,
+    partition_name,
+)
+from htmqc.sinks.encoding import decode_finished, encode_finished
+
+_SAVEPOINT = "htmqc_msg"
+
+
+class SqlSink(ABC):
+    """Base of :class:`~htmqc.sinks.sqlite.SqliteSink` and
+    :class:`~htmqc.sinks.postgresql.PostgresSink` (see module docs)."""
+
+    name: str
+    #: DB-API placeholder of the driver.
+    param: str
+    #: SQL expression for the current time, stored in ``updated_at``.
+    now_sql: str
+    #: Statement that opens a transaction holding the write lock it needs.
+    begin_sql: str = "BEGIN"
+    #: Appended to the fence read in ``commit`` to lock the position row.
+    lock_suffix: str = ""
+    #: The driver's base exception class.
+    db_error: type[Exception] = Exception
+
+    def __init__(self, display: str, table_prefix: str) -> None:
+        self.display = display
+        self.positions_table = f"{table_prefix}positions"
+        self.group = ""
+        self._conn: Any = None
+        self._txn: SqlTransaction | None = None
+
+    # -- dialect -----------------------------------------------------------------------
+
+    @abstractmethod
+    def connect(self) -> Any:
+        """A new DB-API connection in autocommit mode; raise :class:`RuntimeFailure`."""
+
+    @abstractmethod
+    def create_tables(self, cur: Any) -> None:
+        """Create the positions table if missing (idempotent, safe when raced)."""
+
+    def fix_for(self, action: str) -> str:
+        """What to tell the user when ``action`` failed in the database."""
+        return f"check that the {self.name} database {self.display} is reachable and writable"
+
+    # -- Sink --------------------------------------------------------------------------
+
+    def open(self, group: str) -> None:
+        """Connect (once) and create the positions table if missing."""
+        if not group:
+            raise UsageError("the consumer group name is empty", "pass --group NAME")
+        if self._conn is None:
+            self._conn = self.connect()
+        self.group = group
+        with self.db_errors("creating the positions table"):
+            self.create_tables(self._conn.cursor())
+
+    def claim(
+        self,
+        tps: Sequence[TopicPartition],
+        *,
+        default_start: Callable[[TopicPartition], int],
+    ) -> dict[TopicPartition, Position]:
+        """Bump each partition's fence and return its stored position (see module docs)."""
+        conn = self._connection()
+        check_no_transaction(self.name, "claim", self._txn)
+        ordered = sorted(set(tps))
+        if not ordered:
+            return {}
+        t, p = self.positions_table, self.param
+        with self.db_errors("reading stored positions"):
+            cur = conn.cursor()
+            cur.execute(
+                f'SELECT topic, "partition" FROM "{t}" WHERE consumer_group = {p}', (self.group,)
+            )
+            known = {(str(topic), int(part)) for topic, part in cur.fetchall()}
+        starts = {tp: default_start(tp) for tp in ordered if tp not in known}
+        out: dict[TopicPartition, Position] = {}
+        with self.db_errors("claiming partitions"):
+            cur.execute(self.begin_sql)
+            try:
+                for tp in ordered:
+                    key = (self.group, tp[0], tp[1])
+                    if tp in starts:
+                        cur.execute(
+                            f'INSERT INTO "{t}" (consumer_group, topic, "partition", committed, '
+                            f"finished_above, fence, updated_at) "
+                            f"VALUES ({p}, {p}, {p}, {p}, '', 0, {self.now_sql}) "
+                            f'ON CONFLICT (consumer_group, topic, "partition") DO NOTHING',
+                            (*key, starts[tp]),
+                        )
+                    cur.execute(
+                        f'UPDATE "{t}" SET fence = fence + 1, updated_at = {self.now_sql} '
+                        f'WHERE consumer_group = {p} AND topic = {p} AND "partition" = {p} '
+                        f"RETURNING committed, finished_above, fence",
+                        key,
+                    )
+                    committed, finished, fence = cur.fetchall()[0]
+                    out[tp] = Position(
+                        int(committed), self._decode(tp, committed, finished), int(fence)
+                    )
+                cur.execute("COMMIT")
+            except BaseException:
+                self.rollback_quietly(cur)
+                raise
+        return out
+
+    def begin(self) -> SqlTransaction:
+        """Open the write transaction; the handle is a cursor of it."""
+        conn = self._connection()
+        check_no_transaction(self.name, "begin", self._txn)
+        with self.db_errors("beginning a transaction"):
+            own = conn.cursor()
+            own.execute(self.begin_sql)
+        self._txn = SqlTransaction(self, own, conn.cursor())
+        return self._txn
+
+    def close(self) -> None:
+        """Roll back an open transaction (a crash stores nothing) and disconnect."""
+        if self._txn is not None:
+            self._txn.abort()
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            with suppress(self.db_error):
+                conn.close()
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _connection(self) -> Any:
+        if self._conn is None:
+            raise SinkStateError(
+                f"{self.name} sink {self.display} is not open", "call open(group) first"
+            )
+        return self._conn
+
+    def _decode(self, tp: TopicPartition, committed: int, text: str) -> tuple[int, ...]:
+        try:
+            return decode_finished(int(committed), str(text or ""))
+        except ValueError:
+            raise RuntimeFailure(
+                f"{self.name} sink: finished_above {text!r} stored for {partition_name(tp)} "
+                f"in {self.positions_table} is malformed",
+                "repair or delete that row (htmqc writes it as 'gap[:run],...')",
+            ) from None
+
+    @contextmanager
+    def db_errors(self, action: str) -> Iterator[None]:
+        """Turn the driver's errors into a one-line :class:`RuntimeFailure`."""
+        try:
+            yield
+        except HtmqcError:
+            raise
+        except self.db_error as exc:
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise RuntimeFailure(
+                f"{self.name} sink {self.display}: {action} failed: {detail}",
+                self.fix_for(action),
+            ) from exc
+
+    def rollback_quietly(self, cur: Any) -> None:
+        """``ROLLBACK``, ignoring a connection that is already gone."""
+        with suppress(self.db_error):
+            cur.execute("ROLLBACK")
+
+
+class SqlTransaction:
+    """One write transaction of a :class:`SqlSink` (see module docs)."""
+
+    def __init__(self, sink: SqlSink, own: Any, handle: Any) -> None:
+        self.handle = handle
+        self._sink = sink
+        self._own = own  # htmqc's statements; the handler's results stay undisturbed
+        self._lock = threading.Lock()
+        self._done = False
+
+    @contextmanager
+    def message(self) -> Iterator[None]:
+        """One message's effects: ``SAVEPOINT``, then ``RELEASE`` or ``ROLLBACK TO``."""
+        with self._lock:
+            self._check_open()
+            sink = self._sink
+            with sink.db_errors("opening a message savepoint"):
+                self._own.execute(f"SAVEPOINT {_SAVEPOINT}")
+            try:
+                yield
+            except BaseException:
+                self._undo_message()
+                raise
+            try:
+                self._own.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
+            except sink.db_error as exc:
+                # e.g. PostgreSQL: the handler swallowed a failed statement and the
+                # transaction is in the aborted state; the message failed after all.
+                self._undo_message()
+                raise RuntimeFailure(
+                    f"{sink.name} sink: a statement of this message failed in the database "
+                    f"({str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r})",
+                    "let database errors propagate out of the handler",
+                ) from exc
+
+    def _undo_message(self) -> None:
+        sink = self._sink
+        try:
+            self._own.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
+            self._own.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
+        except sink.db_error as exc:
+            self._finish(rollback=True)
+            raise RuntimeFailure(
+                f"{sink.name} sink: could not undo a failed message ({exc}); "
+                "the whole transaction was rolled back",
+                "run the batch again from the stored positions",
+            ) from exc
+
+    def commit(self, commits: Sequence[tuple[Commit, int]]) -> None:
+        """Check the fences under the write lock, store the positions, commit."""
+        with self._lock:
+            self._check_open()
+            if not commits:
+                self._finish(rollback=True)
+                return
+            sink = self._sink
+            t, p = sink.positions_table, sink.param
+            ordered = sorted(commits, key=lambda item: item[0].tp)
+            try:
+                with sink.db_errors("committing"):
+                    stale: list[TopicPartition] = []
+                    for commit, fence in ordered:
+                        self._own.execute(
+                            f'SELECT fence FROM "{t}" WHERE consumer_group = {p} AND topic = {p} '
+                            f'AND "partition" = {p}{sink.lock_suffix}',
+                            (sink.group, *commit.tp),
+                        )
+                        row = self._own.fetchone()
+                        if row is None or int(row[0]) != fence:
+                            stale.append(commit.tp)
+                    if stale:
+                        raise Fenced.for_partitions(sink.name, stale)
+                    for commit, _fence in ordered:
+                        self._own.execute(
+                            f'UPDATE "{t}" SET committed = {p}, finished_above = {p}, '
+                            f"updated_at = {sink.now_sql} WHERE consumer_group = {p} "
+                            f'AND topic = {p} AND "partition" = {p}',
+                            (
+                                commit.offset,
+                                encode_finished(commit.offset, commit.finished_above),
+                                sink.group,
+                                *commit.tp,
+                            ),
+                        )
+                    self._own.execute("COMMIT")
+                    self._finish(rollback=False)
+            finally:
+                if not self._done:
+                    self._finish(rollback=True)
+
+    def abort(self) -> None:
+        """Roll back the whole transaction (idempotent)."""
+        with self._lock:
+            if not self._done:
+                self._finish(rollback=True)
+
+    def _finish(self, *, rollback: bool) -> None:
+        if rollback:
+            self._sink.rollback_quietly(self._own)
+        self._done = True
+        if self._sink._txn is self:
+            self._sink._txn = None
+
+    def _check_open(self) -> None:
+        if self._done:
+            raise SinkStateError(
+                f"{self._sink.name} sink: this transaction is already committed or aborted",
+                "call sink.begin() for a new one",
+            )

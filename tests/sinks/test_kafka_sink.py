@@ -1,0 +1,184 @@
+"""The Kafka→Kafka sink against a real (bundled) broker."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import TopicPartition as KafkaTopicPartition
+
+from htmqc.broker import Broker
+from htmqc.core import Commit, TopicPartition
+from htmqc.errors import RuntimeFailure
+from htmqc.sinks import Fenced, Position, Sink, SinkStateError, open_sink
+from htmqc.sinks.kafka import KafkaSink
+
+from .kafka_support import group_consumer, make_topics, produce_plain, read_all
+
+pytestmark = pytest.mark.broker
+
+
+class Setup:
+    def __init__(self, bootstrap: str) -> None:
+        self.bootstrap = bootstrap
+        names = make_topics(bootstrap, {"in": 1, "out": 1})
+        self.src, self.out = names["in"], names["out"]
+        self.group = f"g-{uuid.uuid4().hex[:8]}"
+        self.tp: TopicPartition = (self.src, 0)
+        produce_plain(bootstrap, self.src, [b"m%d" % i for i in range(10)])
+        self.consumer = group_consumer(bootstrap, self.group, self.src)
+        self.sinks: list[KafkaSink] = []
+
+    def sink(self, member_id: str = "m1") -> KafkaSink:
+        sink = open_sink(f"kafka:{self.out}", bootstrap=self.bootstrap, member_id=member_id)
+        assert isinstance(sink, KafkaSink)
+        sink.open(self.group)
+        sink.bind(self.consumer)
+        self.sinks.append(sink)
+        return sink
+
+    def committed(self) -> tuple[int, str]:
+        [ktp] = self.consumer.committed([KafkaTopicPartition(self.src, 0)], timeout=10)
+        return ktp.offset, ktp.metadata or ""
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+        self.consumer.close()
+
+
+@pytest.fixture
+def setup(broker: Broker) -> Iterator[Setup]:
+    s = Setup(broker.bootstrap)
+    yield s
+    s.close()
+
+
+def commit_of(tp: TopicPartition, offset: int, finished_above: tuple[int, ...] = ()) -> Commit:
+    return Commit(tp=tp, epoch=1, offset=offset, finished_above=finished_above)
+
+
+def test_output_visible_to_read_committed_only_after_commit(setup: Setup) -> None:
+    sink = setup.sink()
+    assert isinstance(sink, Sink)
+    pos = sink.claim([setup.tp], default_start=lambda tp: 0)[setup.tp]
+    assert pos == Position(0, (), pos.fence)
+    txn = sink.begin()
+    for i in range(3):
+        with txn.message():
+            txn.handle.send(None, b"out%d" % i, key=b"k")
+    assert read_all(setup.bootstrap, setup.out, committed_only=False) == [b"out0", b"out1", b"out2"]
+    assert read_all(setup.bootstrap, setup.out, committed_only=True) == []
+    assert setup.committed()[0] < 0
+    txn.commit([(commit_of(setup.tp, 3, (5, 6)), pos.fence)])
+    assert read_all(setup.bootstrap, setup.out, committed_only=True) == [b"out0", b"out1", b"out2"]
+    offset, metadata = setup.committed()
+    assert offset == 3 and metadata in {"htmqc1:2:2", ""}  # Tansu 0.6 drops commit metadata
+    again = setup.sink("m2").claim([setup.tp], default_start=lambda tp: pytest.fail("unused"))
+    assert again[setup.tp].committed == 3 and again[setup.tp].finished_above == (5, 6)
+
+
+def test_finished_above_of_an_older_commit_does_not_come_back(setup: Setup) -> None:
+    sink = setup.sink()
+    fence = sink.claim([setup.tp], default_start=lambda tp: 0)[setup.tp].fence
+    for offset, above in [(2, (4,)), (5, ())]:
+        txn = sink.begin()
+        with txn.message():
+            txn.handle.send(None, b"o%d" % offset)
+        txn.commit([(commit_of(setup.tp, offset, above), fence)])
+    again = setup.sink("m2").claim([setup.tp], default_start=lambda tp: 0)[setup.tp]
+    assert (again.committed, again.finished_above) == (5, ())
+
+
+def test_aborted_transaction_and_failed_message_leave_nothing(setup: Setup) -> None:
+    sink = setup.sink()
+    fence = sink.claim([setup.tp], default_start=lambda tp: 0)[setup.tp].fence
+    txn = sink.begin()
+    with txn.message():
+        txn.handle.send(setup.out, b"aborted")
+    txn.abort()
+    txn.abort()
+    txn = sink.begin()
+    with pytest.raises(ValueError), txn.message():
+        txn.handle.send(None, b"failed-message")
+        raise ValueError("handler failed")
+    with txn.message():
+        txn.handle.send(None, b"kept", headers={"h": b"1"})
+    txn.commit([(commit_of(setup.tp, 2), fence)])
+    assert read_all(setup.bootstrap, setup.out, committed_only=True) == [b"kept"]
+    assert b"failed-message" not in read_all(setup.bootstrap, setup.out, committed_only=False)
+    assert setup.committed()[0] == 2
+
+
+def test_empty_commit_aborts(setup: Setup) -> None:
+    sink = setup.sink()
+    sink.claim([setup.tp], default_start=lambda tp: 0)
+    txn = sink.begin()
+    with txn.message():
+        txn.handle.send(None, b"x")
+    txn.commit([])
+    assert read_all(setup.bootstrap, setup.out, committed_only=True, wait=1.0) == []
+    assert setup.committed()[0] < 0
+
+
+def run_zombie_and_successor(setup: Setup) -> None:
+    """A member restarted with the same member id fences its predecessor: the
+    old transaction is rejected and the successor's commits."""
+    zombie = setup.sink("same")
+    fence = zombie.claim([setup.tp], default_start=lambda tp: 0)[setup.tp].fence
+    txn = zombie.begin()
+    with txn.message():
+        txn.handle.send(None, b"zombie")
+    successor = setup.sink("same")
+    new_fence = successor.claim([setup.tp], default_start=lambda tp: 0)[setup.tp].fence
+    with pytest.raises(Fenced) as info:
+        txn.commit([(commit_of(setup.tp, 1), fence)])
+    assert info.value.tps == (setup.tp,)
+    t2 = successor.begin()
+    with t2.message():
+        t2.handle.send(None, b"successor")
+    t2.commit([(commit_of(setup.tp, 1), new_fence)])
+    assert setup.committed()[0] == 1
+
+
+def test_zombie_producer_is_fenced(setup: Setup) -> None:
+    run_zombie_and_successor(setup)
+    assert b"successor" in read_all(setup.bootstrap, setup.out, committed_only=True)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Tansu 0.6 does not abort a fenced producer's open transaction: its records "
+    "become visible with the successor's commit (same transactional.id); Kafka aborts them",
+)
+def test_fenced_producer_output_stays_invisible(setup: Setup) -> None:
+    run_zombie_and_successor(setup)
+    assert read_all(setup.bootstrap, setup.out, committed_only=True) == [b"successor"]
+
+
+def test_stale_local_fence_is_rejected(setup: Setup) -> None:
+    sink = setup.sink()
+    old = sink.claim([setup.tp], default_start=lambda tp: 0)[setup.tp].fence
+    sink.claim([setup.tp], default_start=lambda tp: 0)
+    txn = sink.begin()
+    with txn.message():
+        txn.handle.send(None, b"stale")
+    with pytest.raises(Fenced, match=r"\[0\]"):
+        txn.commit([(commit_of(setup.tp, 1), old)])
+    assert read_all(setup.bootstrap, setup.out, committed_only=True, wait=1.0) == []
+    assert sink.begin() is not None  # the sink is usable again
+
+
+def test_claim_needs_a_bound_consumer(broker: Broker) -> None:
+    sink = KafkaSink("out", bootstrap=broker.bootstrap)
+    with pytest.raises(SinkStateError) as info:
+        sink.claim([("in", 0)], default_start=lambda tp: 0)
+    assert "bind(consumer)" in info.value.line()
+
+
+def test_unreachable_broker_is_a_one_line_failure() -> None:
+    sink = KafkaSink("out", bootstrap="127.0.0.1:1", timeout=2)
+    with pytest.raises(RuntimeFailure, match=r"127\.0\.0\.1:1") as info:
+        sink.open("g")
+    assert "\n" not in info.value.line()
