@@ -1,0 +1,141 @@
+"""Runtime throughput: a raw confluent-kafka loop against htmqc's modes.
+
+One bundled broker, one topic (``--count`` x 100-byte messages, 8 partitions);
+each variant consumes the whole topic with its own consumer group, in this
+process, and is timed from its first message to its last (group joins are
+left out). Variants: the raw loop (``consume`` batches, a Python call per
+message, an async commit per batch), htmqc at-least-once, htmqc exactly-once
+into SQLite (the demo handler: one INSERT per message), htmqc exactly-once
+Kafka→Kafka (one output record per message). Results go to
+``benchmarks/results/runtime.json`` with each figure's ratio to the raw loop.
+
+Run with contracts off: ``HTMQC_CONTRACTS=0 python -m benchmarks.runtime_bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from htmqc.broker import create_topic, start_broker
+from htmqc.core import CONTRACTS_ENABLED
+from htmqc.kafka_defaults import consumer_config
+from htmqc.produce import produce
+from htmqc.runtime import RunOptions, build_engine
+
+RESULTS = Path(__file__).resolve().parent / "results" / "runtime.json"
+PARTITIONS = 8
+
+
+def raw_loop(bootstrap: str, topic: str, count: int) -> float:
+    """msg/s of a plain confluent-kafka loop with a Python call per message."""
+    consumer = Consumer(consumer_config(bootstrap, "bench-raw"))
+    consumer.subscribe([topic])
+    seen = 0
+    first = 0.0
+    total = [0]
+
+    def handle(msg: Any) -> None:
+        total[0] += 1
+
+    try:
+        while seen < count:
+            msgs = consumer.consume(1000, 0.1)
+            if not msgs:
+                continue
+            if not first:
+                first = time.perf_counter()
+            last: dict[tuple[str, int], int] = {}
+            for m in msgs:
+                handle(m)
+                last[(m.topic(), m.partition())] = m.offset()
+            seen += len(msgs)
+            consumer.commit(
+                offsets=[TopicPartition(t, p, o + 1) for (t, p), o in last.items()],
+                asynchronous=True,
+            )
+        return count / (time.perf_counter() - first)
+    finally:
+        consumer.close()
+
+
+def htmqc_rate(bootstrap: str, topic: str, count: int, handler: Any, **options: Any) -> float:
+    """msg/s of one htmqc engine run over the whole topic."""
+    opts = RunOptions(bootstrap=bootstrap, topic=topic, max_messages=count, **options)
+    engine = build_engine(handler, opts)
+    engine.run(install_signals=False)
+    assert engine.finished >= count, engine.finished
+    assert engine.first_message_at is not None and engine.stopped_at is not None
+    return count / (engine.stopped_at - engine.first_message_at)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every variant; print and store the figures."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=1_000_000)
+    args = parser.parse_args(argv)
+    from examples.effects import record
+    from examples.transform import upper
+
+    counted = [0]
+
+    def count_only(msg: Any) -> None:
+        counted[0] += 1
+
+    work = Path(tempfile.mkdtemp(prefix="htmqc-bench-"))
+    results: dict[str, Any] = {
+        "count": args.count,
+        "partitions": PARTITIONS,
+        "size": 100,
+        "contracts": CONTRACTS_ENABLED,
+        "msg_per_s": {},
+    }
+    rates = results["msg_per_s"]
+    with start_broker() as broker:
+        b, topic = broker.bootstrap, "bench"
+        create_topic(b, topic, PARTITIONS)
+        create_topic(b, "bench-out", PARTITIONS)
+        produce(b, topic, args.count, keys=1000, size=100)
+        rates["raw_loop"] = raw_loop(b, topic, args.count)
+        print(f"raw loop              {rates['raw_loop']:>10,.0f} msg/s", flush=True)
+        rates["at_least_once"] = htmqc_rate(b, topic, args.count, count_only, group="bench-alo")
+        print(f"htmqc at-least-once   {rates['at_least_once']:>10,.0f} msg/s", flush=True)
+        rates["exactly_once_sqlite"] = htmqc_rate(
+            b,
+            topic,
+            args.count,
+            record,
+            group="bench-eo",
+            mode="exactly-once",
+            sink=f"sqlite:///{work / 'bench.db'}",
+        )
+        print(f"htmqc exactly-once db {rates['exactly_once_sqlite']:>10,.0f} msg/s", flush=True)
+        rates["exactly_once_kafka"] = htmqc_rate(
+            b,
+            topic,
+            args.count,
+            upper,
+            group="bench-k2k",
+            mode="exactly-once",
+            sink="kafka:bench-out",
+        )
+        print(f"htmqc exactly-once kk {rates['exactly_once_kafka']:>10,.0f} msg/s", flush=True)
+    raw = rates["raw_loop"]
+    results["ratio_to_raw"] = {k: round(v / raw, 3) for k, v in rates.items()}
+    print(json.dumps(results["ratio_to_raw"]))
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HTMQC_CONTRACTS", "0")
+    sys.exit(main())

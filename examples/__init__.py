@@ -1,0 +1,1 @@
+"""Example handlers for ``htmqc run`` (the demo, the tests, the docs)."""

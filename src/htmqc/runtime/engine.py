@@ -1,0 +1,572 @@
+"""The poll loop: drives the core with a real (or fake) Kafka consumer.
+
+Theory of operation
+-------------------
+One thread, the *poll thread*, owns the :class:`~htmqc.core.ConsumerCore`:
+every core call happens here, so the core stays single-threaded. Each turn of
+the loop:
+
+1. ``consume(batch_size, timeout)``; rebalance and commit callbacks run inside
+   it, on this thread;
+2. every message batch of a partition goes through ``core.fetched`` (which
+   leaves out offsets the sink already holds), ``core.started_many``, and to a
+   lane (:mod:`htmqc.runtime.lanes`): run inline on the poll thread when
+   ``workers <= 1`` or in exactly-once mode, else queued to worker threads;
+3. worker reports are drained and turned into ``succeeded_many`` / ``failed``;
+   ``RetryAt`` decisions go on a timer heap (only that key is held back),
+   ``DeadLetter`` decisions are written by the delivery, then ``dead_lettered``;
+4. offsets the broker skipped (transaction markers, aborted records) are
+   reported as gaps from ``consumer.position`` when the partition is idle;
+5. the delivery commits what the core asks for (``commits``) and reports
+   ``commit_acked`` / ``commit_failed``;
+6. flow control: with ``max_in_flight`` messages unfinished, all partitions are
+   paused (polling goes on, so ``max.poll.interval.ms`` never expires because
+   of a slow handler) and resumed below the core's resume mark.
+
+The runtime holds no offset logic: positions on assignment come from Kafka's
+committed offsets (at-least-once) or ``sink.claim`` (exactly-once) and go to
+``core.assign``; every commit is one the core asked for. Revoke: ``revoking``,
+wait (bounded) for the partition's running work, commit the watermark,
+``revoked``. Lost: ``revoked`` without a Kafka commit (exactly-once still tries
+the fenced sink commit, which the sink rejects if the partition moved).
+A stale fence (:class:`~htmqc.sinks.Fenced`) rolls back the whole transaction:
+the core forgets every partition; the ones still ours are claimed again and
+re-read from the stored position; the stale ones are paused until the group
+takes them away.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from htmqc.core import ConsumerCore, DeadLetter, FailureKind, RetryAt, classify
+from htmqc.core.decisions import TopicPartition
+from htmqc.core.flow import FlowPolicy, FlowWindow
+from htmqc.core.retry import Permanent, RetryPolicy
+from htmqc.errors import RuntimeFailure
+from htmqc.runtime.delivery import AtLeastOnce, ExactlyOnce
+from htmqc.runtime.lanes import Lane, LanePool
+from htmqc.runtime.options import EXACTLY_ONCE, RunOptions
+from htmqc.runtime.trace import TracingCore
+from htmqc.sinks import Fenced, Sink
+from htmqc.sinks.encoding import decode_metadata
+
+log = logging.getLogger("htmqc.runtime")
+
+_POSITION_EVERY = 0.2
+_JOIN_GRACE = 30.0
+
+
+class MessageTooLarge(Permanent):
+    """A message's value is larger than ``--max-message-bytes``."""
+
+
+class TransactionLost(BaseException):
+    """The sink transaction was rolled back under a running batch (fatal)."""
+
+
+class Engine:
+    """One consumer-group member running ``handler`` (see module docs).
+
+    ``consumer``: a ``confluent_kafka.Consumer`` (or a fake with the same
+    methods), not yet subscribed. ``sink``: the opened exactly-once sink, or
+    ``None`` for at-least-once. ``producer_factory`` makes the dead-letter
+    producer (at-least-once).
+    """
+
+    def __init__(
+        self,
+        handler: Callable[..., Any],
+        options: RunOptions,
+        consumer: Any,
+        *,
+        sink: Sink | None = None,
+        producer_factory: Callable[[], Any] | None = None,
+        retry: RetryPolicy | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        seed: int | None = None,
+    ) -> None:
+        self.options = options
+        self.consumer = consumer
+        self.core = (
+            TracingCore(open(options.trace, "a", encoding="utf-8"), retry)  # noqa: SIM115
+            if options.trace
+            else ConsumerCore(retry)
+        )
+        self.clock = clock
+        self.rng = random.Random(seed)
+        self.exactly_once = options.mode == EXACTLY_ONCE
+        self.sink = sink
+        self.eo: ExactlyOnce | None = None
+        self.alo: AtLeastOnce | None = None
+        if self.exactly_once:
+            if sink is None:
+                raise ValueError("exactly-once needs a sink")
+            self.eo = ExactlyOnce(sink, options.txn_messages, options.txn_ms)
+            call = self._eo_call(handler)
+        else:
+            self.alo = AtLeastOnce(consumer, producer_factory or _no_producer)
+            call = self._alo_call(handler)
+        threaded = not self.exactly_once and options.workers > 1
+        self.pool: LanePool | None = LanePool(options.workers, call) if threaded else None
+        self.lane = Lane(call)
+        self.window = FlowWindow(
+            FlowPolicy(
+                min_window=options.max_in_flight,
+                initial_window=options.max_in_flight,
+                max_window=options.max_in_flight,
+                max_in_flight=options.max_in_flight,
+            )
+        )
+        self.assigned: set[TopicPartition] = set()
+        self.fenced: set[TopicPartition] = set()
+        self.paused = False
+        self.in_flight = 0
+        self.finished = 0
+        self.received = 0
+        self.stopping = threading.Event()
+        self._timers: list[tuple[float, int, TopicPartition, int, Any]] = []
+        self._seq = 0
+        self._last_commit = clock()
+        self._last_position = clock()
+        self._last_message = clock()
+        self._ever_assigned = False
+        #: clock() when the first message arrived, and when the loop stopped (benchmarks).
+        self.first_message_at: float | None = None
+        self.stopped_at: float | None = None
+
+    # -- handler wrappers ---------------------------------------------------------------
+
+    def _alo_call(self, handler: Callable[..., Any]) -> Callable[[Any], Any]:
+        limit = self.options.max_message_bytes
+        if limit is None:
+            return handler
+
+        def call(msg: Any) -> Any:
+            _check_size(msg, limit)
+            return handler(msg)
+
+        return call
+
+    def _eo_call(self, handler: Callable[..., Any]) -> Callable[[Any], Any]:
+        eo = self.eo
+        assert eo is not None
+        limit = self.options.max_message_bytes
+
+        def call(msg: Any) -> None:
+            if limit is not None:
+                _check_size(msg, limit)
+            txn = eo.current()
+            try:
+                with txn.message():
+                    handler(msg, txn.handle)
+            except Exception:
+                if getattr(txn, "_done", False):
+                    # The sink could not undo just this message and rolled the whole
+                    # transaction back: the effects of messages the core counts as
+                    # succeeded are gone, so this process must not commit again.
+                    raise TransactionLost() from None
+                raise
+            eo.count += 1
+
+        return call
+
+    def on_commit(self, err: Any, partitions: list[Any]) -> None:
+        """confluent-kafka's ``on_commit`` (set it in the consumer config); runs
+        inside ``consume`` on the poll thread and is queued for the core."""
+        if self.alo is not None:
+            self.alo.on_commit(err, partitions)
+
+    # -- reports from lanes (always on the poll thread) ---------------------------------
+
+    def succeeded(self, tp: TopicPartition, epoch: int, offsets: list[int]) -> None:
+        """Lane report: ``offsets`` ran successfully."""
+        if self.core.succeeded_many(tp, epoch, offsets):
+            self.in_flight -= len(offsets)
+            self.finished += len(offsets)
+
+    def failed(self, tp: TopicPartition, epoch: int, msg: Any, exc: BaseException) -> None:
+        """Lane report: ``msg`` raised ``exc``; ask the core what to do."""
+        if isinstance(exc, TransactionLost):
+            raise RuntimeFailure(
+                "the sink rolled back the open transaction after a failed message",
+                "restart htmqc run: it resumes from the stored positions",
+            )
+        kind = classify(exc) if isinstance(exc, Exception) else FailureKind.PERMANENT
+        decision = self.core.failed(tp, epoch, msg.offset(), kind, time.time(), self.rng.random())
+        if decision is None:
+            return
+        log.warning(
+            "handler failed on %s/%d@%d: %s", tp[0], tp[1], msg.offset(), type(exc).__name__
+        )
+        if isinstance(decision, RetryAt):
+            self._seq += 1
+            delay = max(0.0, decision.at - time.time())
+            heapq.heappush(self._timers, (self.clock() + delay, self._seq, tp, epoch, msg))
+            return
+        self._dead_letter(decision, msg, f"{type(exc).__name__}: {exc}")
+
+    def _dead_letter(self, decision: DeadLetter, msg: Any, reason: str) -> None:
+        tp, epoch = decision.tp, decision.epoch
+        if self.eo is not None:
+            self.eo.dead_letter(tp[0], msg, reason)
+        else:
+            assert self.alo is not None
+            self.alo.dead_letter(tp[0], msg, reason)
+        if self.core.dead_lettered(tp, epoch, msg.offset()):
+            self.in_flight -= 1
+            self.finished += 1
+        if self.pool is not None:
+            self.pool.release(tp, msg.key())
+        else:
+            self.lane.release(tp, msg.key(), self)
+
+    def _drain_completions(self) -> None:
+        if self.pool is None:
+            return
+        q = self.pool.completions
+        while not q.empty():
+            report = q.get_nowait()
+            if report[0] == "ok":
+                self.succeeded(report[1], report[2], report[3])
+            else:
+                self.failed(report[1], report[2], report[3], report[4])
+
+    def _fire_timers(self) -> None:
+        timers = self._timers
+        now = self.clock()
+        while timers and timers[0][0] <= now:
+            _, _, tp, epoch, msg = heapq.heappop(timers)
+            if not self.core.retry_due(tp, epoch, msg.offset()):
+                continue
+            if self.pool is not None:
+                self.pool.retry(tp, epoch, msg)
+            else:
+                self.lane.retry(tp, epoch, msg, self)
+
+    # -- dispatch -----------------------------------------------------------------------
+
+    def dispatch(self, msgs: list[Any]) -> None:
+        """Hand a consumed batch to the core and the lanes."""
+        by_tp: dict[TopicPartition, list[Any]] = {}
+        for msg in msgs:
+            err = msg.error()
+            if err is not None:
+                if err.fatal():
+                    raise RuntimeFailure(f"Kafka consumer failed: {err.str()}", "restart htmqc run")
+                log.warning("consumer error: %s", err.str())
+                continue
+            tp = (msg.topic(), msg.partition())
+            batch = by_tp.get(tp)
+            if batch is None:
+                by_tp[tp] = [msg]
+            else:
+                batch.append(msg)
+        self.received += len(msgs)
+        if msgs:
+            self._last_message = self.clock()
+            if self.first_message_at is None:
+                self.first_message_at = self._last_message
+        core = self.core
+        for tp, batch in by_tp.items():
+            epoch = core.epoch(tp)
+            if epoch is None or tp in self.fenced or core.tracker(tp).draining:
+                continue
+            offsets = [m.offset() for m in batch]
+            if offsets[0] < core.tracker(tp).next:
+                # Buffered before a seek: already covered by this assignment.
+                keep = core.tracker(tp).next
+                batch = [m for m in batch if m.offset() >= keep]
+                offsets = [m.offset() for m in batch]
+                if not batch:
+                    continue
+            run = core.fetched(tp, epoch, offsets)
+            if len(run) != len(batch):
+                wanted = set(run)
+                batch = [m for m in batch if m.offset() in wanted]
+            if not run:
+                continue
+            core.started_many(tp, epoch, run)
+            self.in_flight += len(run)
+            if self.pool is not None:
+                self.pool.submit(tp, epoch, batch)
+            else:
+                self.lane.run(tp, epoch, batch, self)
+
+    def _report_gaps(self) -> None:
+        """Offsets the broker skipped (markers, aborted records) are gaps."""
+        from confluent_kafka import TopicPartition as KafkaTP
+
+        held = [(tp, epoch, t) for tp, epoch, t in self.core.partitions() if not t.draining]
+        if not held:
+            return
+        try:
+            positions = self.consumer.position([KafkaTP(tp[0], tp[1]) for tp, _, _ in held])
+        except Exception:
+            return
+        for (tp, epoch, tracker), pos in zip(held, positions, strict=True):
+            if pos.offset is not None and pos.offset > tracker.next:
+                self.core.fetched(tp, epoch, [], end=pos.offset)
+
+    # -- commits ------------------------------------------------------------------------
+
+    def commit(self, *, force: bool = False, sync: bool = False) -> None:
+        """Commit what the core asks for, if due (or ``force``)."""
+        now = self.clock()
+        if self.eo is not None:
+            if force or self.eo.due(now):
+                self._finish_txn()
+            return
+        assert self.alo is not None
+        self.alo.drain_acks(self.core)
+        if force or now - self._last_commit >= self.options.commit_ms / 1000.0:
+            self._last_commit = now
+            self.alo.commit(self.core, self.core.commits(), sync=sync)
+
+    def _finish_txn(self) -> None:
+        assert self.eo is not None
+        try:
+            self.eo.finish(self.core)
+        except Fenced as exc:
+            self._fenced(exc)
+
+    def _fenced(self, exc: Fenced) -> None:
+        """The transaction was rolled back: every partition restarts from the sink."""
+        from confluent_kafka import TopicPartition as KafkaTP
+
+        stale = set(exc.tps) if exc.tps else set(self.assigned)
+        log.warning("fenced: %s", exc.line())
+        held = [tp for tp, _, _ in self.core.partitions()]
+        for tp in held:
+            self.core.revoked(tp)
+            self._drop_lanes(tp)
+        self.in_flight = 0
+        stale &= self.assigned
+        self.fenced |= stale
+        if stale:
+            self.consumer.pause([KafkaTP(t, p) for t, p in stale])
+        again = [tp for tp in held if tp in self.assigned and tp not in self.fenced]
+        if again:
+            for tp, committed in self._claim(again).items():
+                self.consumer.seek(KafkaTP(tp[0], tp[1], committed))
+
+    def _drop_lanes(self, tp: TopicPartition) -> None:
+        if self.pool is not None:
+            self.pool.drop(tp)
+        else:
+            self.lane.drop(tp)
+
+    # -- assignment ---------------------------------------------------------------------
+
+    def _low(self, tp: TopicPartition) -> int:
+        from confluent_kafka import TopicPartition as KafkaTP
+
+        low, _high = self.consumer.get_watermark_offsets(KafkaTP(tp[0], tp[1]), timeout=10)
+        return max(0, int(low))
+
+    def _claim(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """Positions for ``tps``, assigned in the core; returns ``tp -> committed``."""
+        from confluent_kafka import TopicPartition as KafkaTP
+
+        out: dict[TopicPartition, int] = {}
+        if self.eo is not None:
+            assert self.sink is not None
+            positions = self.sink.claim(tps, default_start=self._low)
+            for tp in tps:
+                pos = positions[tp]
+                self.core.assign(tp, pos.committed, pos.finished_above)
+                self.eo.fences[tp] = pos.fence
+                out[tp] = pos.committed
+            return out
+        committed = self.consumer.committed([KafkaTP(t, p) for t, p in tps], timeout=30)
+        for part in committed:
+            tp = (part.topic, part.partition)
+            if part.offset is not None and part.offset >= 0:
+                start = part.offset
+                above = decode_metadata(start, part.metadata)
+            else:
+                start, above = self._low(tp), ()
+            self.core.assign(tp, start, above)
+            out[tp] = start
+        return out
+
+    def on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        """Rebalance callback: take new partitions at their durable positions."""
+        from confluent_kafka import TopicPartition as KafkaTP
+
+        tps = [(p.topic, p.partition) for p in partitions]
+        if not tps:
+            consumer.incremental_assign([])
+            return
+        if self.eo is not None:
+            self._finish_txn()  # claim is not allowed with a transaction open
+        for tp in tps:
+            self.fenced.discard(tp)
+            if self.core.epoch(tp) is not None:
+                self.core.revoked(tp)
+        starts = self._claim(tps)
+        self.assigned.update(tps)
+        self._ever_assigned = True
+        self._last_message = self.clock()
+        log.info("assigned %s", ", ".join(f"{t}/{p}@{starts[(t, p)]}" for t, p in tps))
+        consumer.incremental_assign([KafkaTP(t, p, starts[(t, p)]) for t, p in tps])
+        if self.paused:
+            consumer.pause([KafkaTP(t, p) for t, p in tps])
+
+    def on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
+        """Rebalance callback: finish (bounded), commit the watermark, let go."""
+        self._let_go(consumer, partitions, lost=False)
+
+    def on_lost(self, consumer: Any, partitions: list[Any]) -> None:
+        """Rebalance callback: the partitions are already someone else's."""
+        self._let_go(consumer, partitions, lost=True)
+
+    def _let_go(self, consumer: Any, partitions: list[Any], *, lost: bool) -> None:
+        tps = [(p.topic, p.partition) for p in partitions]
+        core = self.core
+        for tp in tps:
+            core.revoking(tp)
+        if not lost:
+            self._wait_for_lanes(self.options.shutdown_seconds)
+        if self.eo is not None:
+            # The sink's fence check makes this safe even for lost partitions.
+            self._finish_txn()
+            for tp in tps:
+                core.revoked(tp)
+        else:
+            assert self.alo is not None
+            self.alo.drain_acks(core)
+            final = [c for c in (core.revoked(tp) for tp in tps) if c is not None]
+            if final and not lost:
+                self.alo.commit(core, final, sync=True)
+        for tp in tps:
+            self._drop_lanes(tp)
+            self.assigned.discard(tp)
+            self.fenced.discard(tp)
+        self.in_flight = sum(len(t.in_flight()) for _, _, t in core.partitions())
+        log.info("%s %s", "lost" if lost else "revoked", ", ".join(f"{t}/{p}" for t, p in tps))
+        consumer.incremental_unassign(partitions)
+
+    def _wait_for_lanes(self, seconds: float) -> None:
+        if self.pool is None:
+            return
+        deadline = time.monotonic() + seconds
+        while True:
+            idle = self.pool.wait_idle(0.05)
+            self._drain_completions()
+            if idle and self.pool.completions.empty():
+                return
+            if time.monotonic() >= deadline:
+                log.warning("running work did not finish in %.1f s; dropping it", seconds)
+                return
+
+    # -- flow control -------------------------------------------------------------------
+
+    def _flow(self) -> None:
+        from confluent_kafka import TopicPartition as KafkaTP
+
+        pause = self.window.should_pause(max(0, self.in_flight), 0)
+        if pause == self.paused:
+            return
+        self.paused = pause
+        parts = [KafkaTP(t, p) for t, p in self.assigned if (t, p) not in self.fenced]
+        if not parts:
+            return
+        if pause:
+            self.consumer.pause(parts)
+        else:
+            self.consumer.resume(parts)
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the loop to stop (thread- and signal-safe)."""
+        self.stopping.set()
+
+    def _done(self) -> bool:
+        o = self.options
+        if o.max_messages is not None and self.finished >= o.max_messages:
+            return True
+        if o.idle_exit is not None and self.in_flight <= 0 and not self._timers:
+            # Before the first assignment, allow for the group join.
+            grace = 0.0 if self._ever_assigned else _JOIN_GRACE
+            return self.clock() - self._last_message >= o.idle_exit + grace
+        return False
+
+    def run(self, *, install_signals: bool = True) -> int:
+        """Subscribe, loop until stopped, shut down; return the messages finished."""
+        previous = self._install_signals() if install_signals else {}
+        consumer = self.consumer
+        try:
+            if self.sink is not None and hasattr(self.sink, "bind"):
+                self.sink.bind(consumer)
+            consumer.subscribe(
+                [self.options.topic],
+                on_assign=self.on_assign,
+                on_revoke=self.on_revoke,
+                on_lost=self.on_lost,
+            )
+            batch_size = self.options.batch_size
+            while not self.stopping.is_set() and not self._done():
+                timeout = 0.1 if not self._timers else 0.01
+                msgs = consumer.consume(batch_size, timeout)
+                self._drain_completions()
+                if msgs:
+                    self.dispatch(msgs)
+                if self._timers:
+                    self._fire_timers()
+                now = self.clock()
+                if len(msgs) < batch_size and now - self._last_position >= _POSITION_EVERY:
+                    self._last_position = now
+                    self._report_gaps()
+                self.commit()
+                if self.pool is not None:
+                    self._flow()
+            self._shutdown()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if self.pool is not None:
+                self.pool.close()
+        return self.finished
+
+    def _shutdown(self) -> None:
+        self.stopped_at = self.clock()
+        log.info("stopping: %d messages finished", self.finished)
+        self._wait_for_lanes(self.options.shutdown_seconds)
+        self._report_gaps()
+        self.commit(force=True, sync=True)
+        if self.alo is not None:
+            self.alo.close()
+        self.consumer.close()
+        if self.eo is not None:
+            self.eo.close()
+        if isinstance(self.core, TracingCore):
+            self.core.close()
+
+    def _install_signals(self) -> dict[int, Any]:
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        previous = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, lambda _s, _f: self.stop())
+        return previous
+
+
+def _check_size(msg: Any, limit: int) -> None:
+    value = msg.value()
+    if value is not None and len(value) > limit:
+        raise MessageTooLarge(
+            f"message of {len(value)} bytes is larger than --max-message-bytes {limit}"
+        )
+
+
+def _no_producer() -> Any:
+    raise RuntimeFailure("no dead-letter producer configured", "pass producer_factory")

@@ -1,0 +1,173 @@
+"""Start a run: load the handler, check the broker and topic, open the sink,
+build the consumer and the :class:`~htmqc.runtime.engine.Engine`.
+
+Every problem found here is a one-line :class:`~htmqc.errors.UsageError`
+(bad input: exit 2) or :class:`~htmqc.errors.RuntimeFailure` (exit 1) that
+names the fix; no secret (librdkafka passwords, URL passwords) is ever put in
+a message.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from htmqc.errors import RuntimeFailure, UsageError
+from htmqc.runtime.engine import Engine
+from htmqc.runtime.options import EXACTLY_ONCE, RunOptions
+
+log = logging.getLogger("htmqc.runtime")
+
+
+def load_handler(spec: str) -> Callable[..., Any]:
+    """The callable named ``MODULE:FUNCTION``.
+
+    :raises UsageError: malformed spec, unknown module or function, not callable.
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise UsageError(
+            f"handler {spec!r} is not MODULE:FUNCTION", "pass e.g. examples.count:handle"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise UsageError(
+                f"handler module {module_name!r} not found",
+                "check the name and that its directory is on PYTHONPATH",
+            ) from None
+        raise UsageError(
+            f"handler module {module_name!r} failed to import: it needs {exc.name!r}",
+            "install the missing module",
+        ) from None
+    except Exception as exc:
+        raise UsageError(
+            f"handler module {module_name!r} failed to import: {type(exc).__name__}: {exc}",
+            "fix the module so that it imports",
+        ) from None
+    target: Any = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            raise UsageError(
+                f"module {module_name!r} has no attribute {attr!r}",
+                "check the function name after the colon",
+            )
+        target = getattr(target, part)
+    if not callable(target):
+        raise UsageError(
+            f"handler {spec!r} is a {type(target).__name__}, not a function",
+            "point at a function taking the message (and the transaction handle)",
+        )
+    return target  # type: ignore[no-any-return]
+
+
+def check_topic(bootstrap: str, topic: str, create: int | None, connect_seconds: float) -> None:
+    """Wait (bounded) for the broker; make sure ``topic`` exists (or create it).
+
+    :raises RuntimeFailure: the broker cannot be reached.
+    :raises UsageError: the topic does not exist and ``create`` is not given.
+    """
+    from confluent_kafka.admin import AdminClient
+
+    from htmqc.broker import create_topic, wait_reachable
+
+    wait_reachable(bootstrap, timeout=connect_seconds)
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    try:
+        # All topics: asking for one by name may auto-create it on some brokers.
+        meta = admin.list_topics(timeout=connect_seconds).topics.get(topic)
+    except Exception as exc:
+        raise RuntimeFailure(
+            f"cannot read metadata of topic {topic!r} from {bootstrap}: {type(exc).__name__}",
+            "check --bootstrap and that the broker is up",
+        ) from None
+    if meta is not None and meta.error is None and meta.partitions:
+        return
+    if create is None:
+        raise UsageError(
+            f"topic {topic!r} does not exist on {bootstrap}",
+            "create it (htmqc produce, or pass --create-topic PARTITIONS)",
+        )
+    create_topic(bootstrap, topic, create)
+
+
+def build_engine(handler: Callable[..., Any], options: RunOptions) -> Engine:
+    """Everything :func:`run` needs, checked; the caller runs it."""
+    from confluent_kafka import Consumer, KafkaException, Producer
+
+    from htmqc.kafka_defaults import consumer_config, producer_config
+    from htmqc.sinks import open_sink
+
+    if options.mode == EXACTLY_ONCE and not options.sink:
+        raise UsageError(
+            "exactly-once needs a sink",
+            "pass --sink sqlite:///PATH (or postgresql://, kafka:TOPIC)",
+        )
+    sink = None
+    if options.mode == EXACTLY_ONCE:
+        assert options.sink is not None
+        sink = open_sink(
+            options.sink,
+            bootstrap=options.bootstrap,
+            kafka_config=producer_overrides(options.kafka_config),
+        )
+    check_topic(options.bootstrap, options.topic, options.create_topic, options.connect_seconds)
+    if sink is not None:
+        sink.open(options.group)
+    engine: list[Engine] = []
+    config = consumer_config(options.bootstrap, options.group, dict(options.kafka_config))
+    config["on_commit"] = lambda err, parts: engine[0].on_commit(err, parts)
+    try:
+        consumer = Consumer(config)
+    except KafkaException as exc:
+        raise UsageError(
+            f"invalid Kafka setting: {exc.args[0].str() if exc.args else 'unknown'}",
+            "check the --kafka-config keys and values",
+        ) from None
+
+    def producer() -> Any:
+        """The dead-letter producer; the DLQ topic is created if missing."""
+        from htmqc.broker import create_topic
+        from htmqc.errors import HtmqcError
+        from htmqc.runtime.delivery import dlq_topic
+
+        try:
+            create_topic(options.bootstrap, dlq_topic(options.topic), 1)
+        except HtmqcError as exc:  # exists with other partitions: fine; else say so
+            log.debug("dead-letter topic: %s", exc.line())
+        return Producer(
+            producer_config(options.bootstrap, producer_overrides(options.kafka_config))
+        )
+
+    engine.append(Engine(handler, options, consumer, sink=sink, producer_factory=producer))
+    return engine[0]
+
+
+#: librdkafka consumer-only settings that a producer refuses.
+_CONSUMER_ONLY = (
+    "group.",
+    "session.",
+    "heartbeat.",
+    "max.poll.",
+    "auto.offset.",
+    "enable.auto.",
+    "isolation.",
+    "partition.assignment.",
+    "fetch.",
+    "auto.commit.",
+)
+
+
+def producer_overrides(config: dict[str, Any]) -> dict[str, Any]:
+    """The ``--kafka-config`` settings that also apply to producers."""
+    return {k: v for k, v in config.items() if not k.startswith(_CONSUMER_ONLY)}
+
+
+def run(spec: str, options: RunOptions) -> int:
+    """Load ``spec`` and run it until stopped; return the messages finished."""
+    handler = load_handler(spec)
+    engine = build_engine(handler, options)
+    return engine.run()

@@ -1,0 +1,46 @@
+"""The settings of one ``htmqc run`` (what :mod:`htmqc.config` produces)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+AT_LEAST_ONCE = "at-least-once"
+EXACTLY_ONCE = "exactly-once"
+MODES = (AT_LEAST_ONCE, EXACTLY_ONCE)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunOptions:
+    """Everything the engine needs besides the handler.
+
+    ``workers``: handler threads for at-least-once (0 or 1: handlers run on the
+    poll thread; exactly-once always runs them on the poll thread, one at a
+    time, inside the sink transaction). ``max_in_flight``: fetched but
+    unfinished messages before partitions are paused. ``txn_messages`` /
+    ``txn_ms``: bounds of one exactly-once transaction. ``commit_ms``: how often
+    at-least-once commits. ``max_messages``/``idle_exit``: stop conditions for
+    tests and demos. ``max_message_bytes``: larger values are dead-lettered.
+    ``shutdown_seconds``: how long revoke and shutdown wait for running work.
+    ``trace``: a file to append core transitions to (:mod:`htmqc.runtime.trace`).
+    """
+
+    bootstrap: str
+    topic: str
+    group: str
+    mode: str = AT_LEAST_ONCE
+    sink: str | None = None
+    workers: int = 1
+    max_in_flight: int = 10_000
+    txn_messages: int = 1000
+    txn_ms: float = 100.0
+    commit_ms: float = 500.0
+    kafka_config: dict[str, Any] = field(default_factory=dict)
+    create_topic: int | None = None
+    max_messages: int | None = None
+    idle_exit: float | None = None
+    max_message_bytes: int | None = None
+    shutdown_seconds: float = 10.0
+    batch_size: int = 1000
+    connect_seconds: float = 10.0
+    trace: str | None = None

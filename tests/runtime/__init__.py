@@ -1,0 +1,1 @@
+"""Tests of the runtime engine, the run command and the demo."""

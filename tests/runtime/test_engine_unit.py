@@ -1,0 +1,224 @@
+"""The engine against a fake consumer (no broker): ordering, flow control, revoke."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from typing import Any
+
+import pytest
+
+from htmqc.runtime import Engine, RunOptions
+from tests.runtime.fakes import FakeConsumer, make_logs
+
+TOPIC = "t"
+
+
+def engine_for(handler: Any, consumer: FakeConsumer, **options: Any) -> Engine:
+    opts = RunOptions(bootstrap="fake:1", topic=TOPIC, group="g", **options)
+    engine = Engine(handler, opts, consumer, seed=1)
+    consumer.on_commit = engine.on_commit
+    return engine
+
+
+def run_in_thread(engine: Engine) -> threading.Thread:
+    t = threading.Thread(target=lambda: engine.run(install_signals=False), daemon=True)
+    t.start()
+    return t
+
+
+def test_per_key_order_under_parallel_workers() -> None:
+    consumer = FakeConsumer(TOPIC, make_logs(TOPIC, 2, 400, keys=7))
+    seen: dict[tuple[int, bytes], list[int]] = defaultdict(list)
+    running: set[bytes] = set()
+    overlap = {"max": 0, "same_key": 0}
+    lock = threading.Lock()
+
+    def handler(msg: Any) -> None:
+        key = (msg.partition(), msg.key())
+        with lock:
+            if msg.key() in running:
+                overlap["same_key"] += 1
+            running.add(msg.key())
+            overlap["max"] = max(overlap["max"], len(running))
+        time.sleep(0.0002)
+        with lock:
+            running.discard(msg.key())
+            seen[key].append(msg.offset())
+
+    engine = engine_for(handler, consumer, workers=4, max_messages=800, batch_size=50)
+    engine.run(install_signals=False)
+    assert sum(len(v) for v in seen.values()) == 800
+    for offsets in seen.values():
+        assert offsets == sorted(offsets)
+    assert overlap["same_key"] == 0
+    assert overlap["max"] > 1, "different keys never ran in parallel"
+    assert consumer.commits[(TOPIC, 0)][0] == 400 and consumer.commits[(TOPIC, 1)][0] == 400
+
+
+def test_max_in_flight_pauses_and_resumes() -> None:
+    consumer = FakeConsumer(TOPIC, make_logs(TOPIC, 2, 300, keys=50))
+    gate = threading.Event()
+    peak = {"in_flight": 0}
+    engine: Engine
+
+    def handler(msg: Any) -> None:
+        gate.wait(10)
+
+    engine = engine_for(
+        handler, consumer, workers=2, max_in_flight=40, batch_size=10, max_messages=600
+    )
+    thread = run_in_thread(engine)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not consumer.paused:
+        time.sleep(0.01)
+    assert consumer.paused, "partitions were never paused at max-in-flight"
+    for _ in range(20):  # the loop keeps polling while paused, and fetches nothing
+        peak["in_flight"] = max(peak["in_flight"], engine.in_flight)
+        time.sleep(0.01)
+    assert peak["in_flight"] <= 40 + 10  # at most one batch past the bound
+    gate.set()
+    thread.join(20)
+    assert not thread.is_alive()
+    assert engine.finished == 600
+    assert consumer.resume_events >= 1
+
+
+def test_revoke_waits_for_running_work_then_commits_the_watermark() -> None:
+    consumer = FakeConsumer(TOPIC, make_logs(TOPIC, 1, 20, keys=20))
+    started = threading.Event()
+
+    def handler(msg: Any) -> None:
+        started.set()
+        time.sleep(0.02)
+
+    engine = engine_for(handler, consumer, workers=4, batch_size=20, shutdown_seconds=5)
+    thread = run_in_thread(engine)
+    assert started.wait(5)
+    consumer.rebalance("revoke", [(TOPIC, 0)])
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and (TOPIC, 0) in consumer.positions:
+        time.sleep(0.01)
+    engine.stop()
+    thread.join(10)
+    # every message was running or queued when the revoke came; all finished, then committed
+    assert consumer.commits[(TOPIC, 0)][0] == 20
+    assert engine.core.epoch((TOPIC, 0)) is None
+
+
+def test_completions_after_revoke_are_ignored_and_nothing_unfinished_is_committed() -> None:
+    consumer = FakeConsumer(TOPIC, make_logs(TOPIC, 1, 5, keys=5))
+    gate = threading.Event()
+    calls: list[int] = []
+
+    def handler(msg: Any) -> None:
+        calls.append(msg.offset())
+        if msg.offset() == 2:
+            gate.wait(10)
+
+    engine = engine_for(handler, consumer, workers=2, batch_size=5, shutdown_seconds=0.1)
+    thread = run_in_thread(engine)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and 2 not in calls:
+        time.sleep(0.01)
+    consumer.rebalance("revoke", [(TOPIC, 0)])
+    while time.monotonic() < deadline and (TOPIC, 0) in consumer.positions:
+        time.sleep(0.01)
+    assert (TOPIC, 0) not in consumer.positions
+    committed = consumer.commits.get((TOPIC, 0), (0, None))[0]
+    assert committed <= 2, "committed past the unfinished offset 2"
+    gate.set()  # offset 2 finishes after the revoke: a late completion
+    time.sleep(0.3)
+    engine.stop()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert consumer.commits.get((TOPIC, 0), (0, None))[0] == committed
+
+
+def test_failed_message_is_retried_and_holds_back_only_its_key() -> None:
+    consumer = FakeConsumer(TOPIC, make_logs(TOPIC, 1, 6, keys=2))  # k0: 0,2,4  k1: 1,3,5
+    order: list[int] = []
+    failures = {"n": 0}
+
+    def handler(msg: Any) -> None:
+        if msg.offset() == 0 and failures["n"] < 2:
+            failures["n"] += 1
+            raise ValueError("flaky")
+        order.append(msg.offset())
+
+    engine = engine_for(handler, consumer, workers=1, max_messages=6)
+    engine.run(install_signals=False)
+    assert failures["n"] == 2
+    k0 = [o for o in order if o % 2 == 0]
+    assert k0 == [0, 2, 4]
+    assert order.index(1) < order.index(0), "key k1 was held back by k0's failure"
+    assert consumer.commits[(TOPIC, 0)][0] == 6
+
+
+def test_start_resumes_from_committed_offset_and_skips_finished_above() -> None:
+    from htmqc.sinks.encoding import encode_metadata
+
+    consumer = FakeConsumer(TOPIC, make_logs(TOPIC, 1, 10, keys=3))
+    consumer.commits[(TOPIC, 0)] = (4, encode_metadata(4, [6, 7]))
+    ran: list[int] = []
+    engine = engine_for(lambda m: ran.append(m.offset()), consumer, max_messages=4)
+    engine.run(install_signals=False)
+    assert ran == [4, 5, 8, 9]
+    assert consumer.commits[(TOPIC, 0)][0] == 10
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_poison_message_is_dead_lettered_and_the_rest_proceeds(workers: int) -> None:
+    consumer = FakeConsumer(TOPIC, make_logs(TOPIC, 1, 5, keys=1))
+    letters: list[tuple[int, str]] = []
+
+    class Producer:
+        def produce(
+            self, topic: str, value: bytes, key: Any, headers: Any, on_delivery: Any
+        ) -> None:
+            letters.append((int(value.split(b":")[1]), dict(headers)["htmqc-dlq-reason"].decode()))
+            on_delivery(None, None)
+
+        def flush(self, timeout: float) -> int:
+            return 0
+
+    def handler(msg: Any) -> None:
+        if msg.offset() == 1:
+            raise RuntimeError("poison")
+
+    from htmqc.core import RetryPolicy
+
+    opts = RunOptions(bootstrap="f:1", topic=TOPIC, group="g", workers=workers, max_messages=5)
+    engine = Engine(
+        handler,
+        opts,
+        consumer,
+        producer_factory=Producer,
+        retry=RetryPolicy(max_retries=1, base_delay=0.001, max_delay=0.01),
+    )
+    consumer.on_commit = engine.on_commit
+    engine.run(install_signals=False)
+    assert letters == [(1, "RuntimeError: poison")]
+    assert consumer.commits[(TOPIC, 0)][0] == 5
+
+
+def test_trace_records_core_transitions(tmp_path: Any) -> None:
+    import json
+
+    path = tmp_path / "trace.jsonl"
+    consumer = FakeConsumer(TOPIC, make_logs(TOPIC, 1, 3, keys=1))
+    engine = engine_for(lambda m: None, consumer, max_messages=3, trace=str(path))
+    engine.run(install_signals=False)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    events = [(x["ev"], x["off"]) for x in lines]
+    assert events[:5] == [
+        ("assign", 0),
+        ("fetched", 0),
+        ("fetched", 1),
+        ("fetched", 2),
+        ("started", 0),
+    ]
+    assert ("succeeded", 2) in events
+    assert lines[-1]["state"]["committed"] == 3 or ("commit_acked", 3) in events
+    assert all(x["p"] == f"{TOPIC}/0" for x in lines)

@@ -1,0 +1,78 @@
+"""A zombie's late transaction is rejected by the sink's fence (no broker needed).
+
+Two engines share one SQLite sink. A claims the partition, fetches a batch and
+stalls; the partition moves to B, which claims it (bumping the fence), stores
+its effects and position. A wakes up and runs its late batch: the sink rejects
+the transaction, nothing of it is stored, and A lets the partition go.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from confluent_kafka import TopicPartition as KafkaTP
+from examples.effects import record
+
+from htmqc.runtime import Engine, RunOptions
+from htmqc.sinks import open_sink
+from tests.runtime.fakes import FakeConsumer, FakeMessage
+
+TOPIC = "z"
+TP = (TOPIC, 0)
+
+
+def _messages(lo: int, hi: int) -> list[FakeMessage]:
+    return [FakeMessage(TOPIC, 0, i, b"k", f"{i:012d}".encode()) for i in range(lo, hi)]
+
+
+def _member(db: Path) -> tuple[Engine, FakeConsumer]:
+    consumer = FakeConsumer(TOPIC, {TP: [(b"k", f"{i:012d}".encode()) for i in range(10)]})
+    sink = open_sink(f"sqlite:///{db}")
+    sink.open("g")
+    opts = RunOptions(
+        bootstrap="f:1", topic=TOPIC, group="g", mode="exactly-once", sink=f"sqlite:///{db}"
+    )
+    engine = Engine(record, opts, consumer, sink=sink)
+    return engine, consumer
+
+
+def test_zombie_transaction_is_fenced(tmp_path: Path) -> None:
+    db = tmp_path / "z.db"
+    a, ca = _member(db)
+    b, cb = _member(db)
+    a.on_assign(ca, [KafkaTP(TOPIC, 0)])
+    b.on_assign(cb, [KafkaTP(TOPIC, 0)])  # the group moved the partition while A stalled
+    b.dispatch(_messages(0, 10))
+    b.commit(force=True)
+    a.dispatch(_messages(0, 6))  # A's late batch
+    a.commit(force=True)
+    with sqlite3.connect(db) as conn:
+        ids = sorted(r[0] for r in conn.execute("SELECT id FROM effects"))
+        committed = conn.execute("SELECT committed FROM htmqc_positions").fetchone()[0]
+    assert ids == list(range(10)), "the zombie's effects were stored"
+    assert committed == 10
+    assert a.core.epoch(TP) is None and TP in a.fenced
+    assert TP in ca.paused
+    a.dispatch(_messages(6, 10))  # fenced partitions run nothing more
+    assert a.in_flight == 0
+
+
+def test_fenced_member_keeps_partitions_nobody_else_claimed(tmp_path: Path) -> None:
+    db = tmp_path / "z2.db"
+    a, ca = _member(db)
+    ca.logs[(TOPIC, 1)] = [(b"k", f"{100 + i:012d}".encode()) for i in range(4)]
+    b, cb = _member(db)
+    a.on_assign(ca, [KafkaTP(TOPIC, 0), KafkaTP(TOPIC, 1)])
+    b.on_assign(cb, [KafkaTP(TOPIC, 0)])
+    a.dispatch(
+        _messages(0, 3)
+        + [FakeMessage(TOPIC, 1, i, b"k", f"{100 + i:012d}".encode()) for i in range(4)]
+    )
+    a.commit(force=True)  # fenced on partition 0: the whole transaction is rolled back
+    with sqlite3.connect(db) as conn:  # even the table the handler created was rolled back
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    assert "effects" not in tables
+    assert a.core.epoch((TOPIC, 1)) is not None, "partition 1 was not claimed again"
+    assert ca.positions[(TOPIC, 1)] == 0, "partition 1 was not re-read from the stored position"
+    assert a.core.epoch(TP) is None
