@@ -62,6 +62,10 @@ verify-long: setup ## longer formal runs (thorough Hypothesis profile)
 bench: setup ## benchmarks; results go to benchmarks/results/
 	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.core_bench --contracts off
 	HTMQC_CONTRACTS=1 $(PY) -m benchmarks.core_bench --contracts on
+	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.runtime_bench
+
+demo: setup ## the main job: 1M messages exactly-once into SQLite, two SIGKILLs, an audit
+	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.demo
 
 clean: ## remove build output (not the venv)
 	rm -rf build .pytest_cache .mypy_cache .ruff_cache .hypothesis
