@@ -1,0 +1,212 @@
+"""Read the checker's inputs from files; every loader is a lazy generator.
+
+JSON lines (one object per line; blank lines skipped):
+
+* produced: ``{"id": "...", "key": "...", "partition": 0, "offset": 42}``
+  (``key``, ``partition``, ``offset`` optional);
+* effects: the same fields plus optional ``generation`` (alias ``fence``),
+  in storage order;
+* DLQ: ``{"id": "...", "reason": "..."}``;
+* committed history: ``{"partition": 0, "offset": 42}`` per observation, or the
+  runtime's trace lines ``{"p": "topic/0", "state": {"committed": 42}, ...}``
+  (the partition is the number after the last ``/``);
+* aborted ids: ``{"id": "..."}`` per line, or one bare id per line.
+
+SQLite effects (the demo's ``effects`` table): rows in ``rowid`` order, columns
+``id``, ``key``, ``partition``, ``offset`` and optionally ``generation``; pass
+``columns`` to map these names onto other column names, e.g.
+``{"generation": "fence"}``. Any other column (a timestamp) is ignored.
+
+Bad input raises :class:`~htmqc.errors.UsageError` naming the file and line.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+from htmqc.audit.model import CommitObservation, DlqEntry, Effect, Produced
+from htmqc.errors import UsageError
+
+EFFECT_COLUMNS = ("id", "key", "partition", "offset", "generation")
+_REQUIRED_COLUMNS = ("id",)
+
+
+def read_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
+    """Yield ``(line number, parsed value)`` for each non-blank line of ``path``."""
+    p = Path(path)
+    try:
+        handle = p.open(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read {p}: {exc.strerror}", "check the path") from None
+    with handle:
+        for lineno, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UsageError(
+                    f"{p}:{lineno}: not JSON ({exc.msg})", "write one JSON object per line"
+                ) from None
+
+
+def _field(path: str | Path, lineno: int, obj: Any, name: str, kind: type, need: bool) -> Any:
+    if not isinstance(obj, dict):
+        raise UsageError(f"{path}:{lineno}: expected a JSON object", "write one object per line")
+    value = obj.get(name)
+    if value is None:
+        if need:
+            raise UsageError(f"{path}:{lineno}: missing field {name!r}", f"add {name!r}")
+        return None
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UsageError(
+                f"{path}:{lineno}: field {name!r} must be an integer", "fix the value"
+            )
+        return value
+    return value if isinstance(value, str) else str(value)
+
+
+def produced_from_jsonl(path: str | Path) -> Iterator[Produced]:
+    """Produced records from JSON lines."""
+    for n, obj in read_jsonl(path):
+        yield Produced(
+            _field(path, n, obj, "id", str, True),
+            _field(path, n, obj, "key", str, False),
+            _field(path, n, obj, "partition", int, False),
+            _field(path, n, obj, "offset", int, False),
+        )
+
+
+def effects_from_jsonl(path: str | Path) -> Iterator[Effect]:
+    """Effects from JSON lines, in file order (= storage order)."""
+    for n, obj in read_jsonl(path):
+        gen = _field(path, n, obj, "generation", int, False)
+        if gen is None:
+            gen = _field(path, n, obj, "fence", int, False)
+        yield Effect(
+            _field(path, n, obj, "id", str, True),
+            _field(path, n, obj, "key", str, False),
+            _field(path, n, obj, "partition", int, False),
+            _field(path, n, obj, "offset", int, False),
+            gen,
+        )
+
+
+def dlq_from_jsonl(path: str | Path) -> Iterator[DlqEntry]:
+    """Dead-letter entries from JSON lines."""
+    for n, obj in read_jsonl(path):
+        yield DlqEntry(
+            _field(path, n, obj, "id", str, True), _field(path, n, obj, "reason", str, False) or ""
+        )
+
+
+def commits_from_jsonl(path: str | Path) -> Iterator[CommitObservation]:
+    """Committed-offset observations from JSON lines or runtime trace lines."""
+    for n, obj in read_jsonl(path):
+        if isinstance(obj, dict) and "p" in obj and isinstance(obj.get("state"), dict):
+            label = str(obj["p"]).rsplit("/", 1)[-1]
+            committed = obj["state"].get("committed")
+            if not label.isdigit() or not isinstance(committed, int):
+                raise UsageError(
+                    f"{path}:{n}: trace line without 'topic/partition' and state.committed",
+                    "pass a runtime trace or {partition, offset} lines",
+                )
+            yield CommitObservation(int(label), committed)
+        else:
+            yield CommitObservation(
+                _field(path, n, obj, "partition", int, True),
+                _field(path, n, obj, "offset", int, True),
+            )
+
+
+def aborted_from_file(path: str | Path) -> Iterator[str]:
+    """Aborted ids: ``{"id": ...}`` JSON lines or one bare id per line."""
+    p = Path(path)
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise UsageError(f"cannot read {p}: {exc.strerror}", "check the path") from None
+    for lineno, line in enumerate(lines, 1):
+        text = line.strip()
+        if not text:
+            continue
+        if text.startswith("{"):
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise UsageError(f"{p}:{lineno}: not JSON ({exc.msg})", "fix the line") from None
+            yield _field(p, lineno, obj, "id", str, True)
+        else:
+            yield text.strip('"')
+
+
+def effects_from_sqlite(
+    path: str | Path, table: str = "effects", columns: Mapping[str, str] | None = None
+) -> Iterator[Effect]:
+    """Effects from a SQLite table in ``rowid`` order (see module docs)."""
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"no SQLite file at {p}", "check the sqlite:/// path")
+    names = {name: name for name in EFFECT_COLUMNS}
+    names.update(columns or {})
+    unknown = set(names) - set(EFFECT_COLUMNS)
+    if unknown:
+        raise UsageError(
+            f"unknown effect field(s) {sorted(unknown)}", f"map only {list(EFFECT_COLUMNS)}"
+        )
+    conn = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
+    try:
+        try:
+            info = conn.execute(f'PRAGMA table_info("{table}")').fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise UsageError(f"{p} is not a SQLite database ({exc})", "check the path") from None
+        present = {row[1] for row in info}
+        if not present:
+            raise UsageError(f"{p} has no table {table!r}", "pass ?table=NAME")
+        select = []
+        for name in EFFECT_COLUMNS:
+            col = names[name]
+            if col in present:
+                select.append(f'"{col}"')
+            elif name in _REQUIRED_COLUMNS or name in (columns or {}):
+                raise UsageError(
+                    f"table {table!r} in {p} has no column {col!r} (has {sorted(present)})",
+                    "map the column with ?id=COLUMN",
+                )
+            else:
+                select.append("NULL")
+        cursor = conn.execute(f'SELECT {", ".join(select)} FROM "{table}" ORDER BY rowid')
+        while rows := cursor.fetchmany(10_000):
+            for ident, key, part, off, gen in rows:
+                yield Effect(
+                    str(ident),
+                    None if key is None else str(key),
+                    None if part is None else int(part),
+                    None if off is None else int(off),
+                    None if gen is None else int(gen),
+                )
+    finally:
+        conn.close()
+
+
+def effects_from_source(source: str) -> Iterator[Effect]:
+    """``sqlite:///PATH[?table=T&FIELD=COLUMN...]`` or a JSON-lines file path.
+
+    As for sinks: ``sqlite:///relative.db``, ``sqlite:////absolute.db``.
+    """
+    if source.startswith("sqlite:"):
+        if not source.startswith("sqlite:///") or len(source) == len("sqlite:///"):
+            raise UsageError(
+                f"bad SQLite URL {source!r}", "use sqlite:///relative.db or sqlite:////abs.db"
+            )
+        path, _, query_text = source[len("sqlite:///") :].partition("?")
+        query = {k: v[-1] for k, v in parse_qs(query_text).items()}
+        table = query.pop("table", "effects")
+        return effects_from_sqlite(path, table, query)
+    return effects_from_jsonl(source)

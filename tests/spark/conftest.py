@@ -1,0 +1,17 @@
+"""One SparkSession per test module (``local[2]``); skipped without PySpark."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    pytest.importorskip("pyspark")
+    from htmqc.spark.session import spark_session
+
+    with spark_session("local[2]", app="htmqc-tests") as session:
+        yield session
