@@ -16,7 +16,7 @@ LINTED := $(wildcard src tests model_checks proofs spec benchmarks examples)
 QUIET_PIP := { grep -v "^WARNING: Location 'file://" || true; }
 CROSSHAIR_TIMEOUT ?= 4
 
-.PHONY: help setup test lint typecheck pytest crosshair proofs spec-check formal-tests verify verify-long bench demo clean
+.PHONY: help setup test lint typecheck pytest crosshair proofs tlc spec-check formal-tests verify verify-long bench demo clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -49,14 +49,20 @@ spec-check: setup ## the generated diagram, table and conformance vectors are cu
 	$(PY) -m spec.diagram --check
 	$(PY) -m spec.conformance.generate --check
 
+tlc: setup ## TLC: the TLA+ models of tla/manifest.json (size small), expected failures included
+	$(PY) -m model_checks.tlc_cli --config small
+
+# The small TLC gate already ran in `tlc`; its pytest twin is for `pytest -m formal` alone.
 formal-tests: setup ## pytest's formal tests (Hypothesis stateful vs reference model, gates)
-	$(PY) -m pytest -q -m formal
+	$(PY) -m pytest -q -m formal \
+	  --deselect tests/formal/test_tlc.py::test_small_gate_passes_with_expected_failures
 
 test: lint typecheck verify pytest ## everything CI runs: lint, types, proof gate, tests
 
-verify: crosshair proofs spec-check formal-tests ## the proof gate: CrossHair, Z3, model comparison
+verify: crosshair proofs tlc spec-check formal-tests ## the proof gate: CrossHair, Z3, TLC, model comparison
 
-verify-long: setup ## longer formal runs (thorough Hypothesis profile)
+verify-long: setup ## longer formal runs: TLC medium models, thorough Hypothesis profile
+	$(PY) -m model_checks.tlc_cli --config medium
 	HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -q -m formal
 
 bench: setup ## benchmarks; results go to benchmarks/results/

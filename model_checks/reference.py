@@ -65,7 +65,8 @@ class RefPartition:
             "draining": self.draining,
             "in_flight": {str(o): self.states[o] for o in sorted(self.unfinished())},
             "finished_above": sorted(
-                o for o, s in self.states.items() if s in DONE and o > p
+                {o for o, s in self.states.items() if s in DONE and o > p}
+                | {o for o in self.skip if o >= self.next}
             ),
         }
 

@@ -294,3 +294,13 @@ def test_an_empty_poll_while_draining_is_no_event(core: ConsumerCore) -> None:
     assert list(core.fetched(TP, e, [])) == []
     with pytest.raises(IllegalTransition, match="being revoked"):
         core.fetched(TP, e, [], end=3)
+
+
+def test_offsets_held_by_the_sink_stay_in_every_commit_until_fetched(core: ConsumerCore) -> None:
+    # TLC's counterexample (model small_eos_forget_skip): restored with 2 held by
+    # the sink, 0 finishes before 2 is fetched again; the commit must still carry 2,
+    # or a sink that replaces its stored set forgets it and 2 runs twice.
+    e = core.assign(TP, 0, finished_above=[2])
+    running(core, e, [0], end=1)
+    core.succeeded(TP, e, 0)
+    assert core.commit_requested(TP) == Commit(tp=TP, epoch=e, offset=1, finished_above=(2,))

@@ -69,8 +69,11 @@ class CoreVersusReference(RuleBasedStateMachine):
         }
         self.epochs: dict[tuple[str, int], int] = {}
         self.starts: dict[tuple[str, int], int] = {}
+        self.starts_epoch: dict[tuple[str, int], int] = {}  # the sink's fence per partition
         self.old_epochs: list[tuple[tuple[str, int], int]] = []
-        self.pending_acks: list[tuple[Commit, int]] = []  # (commit, ref offset)
+        self.pending_acks: list[tuple[Commit, int]] = []  # (commit, request number)
+        self.requests = 0
+        self.applied: dict[tuple[str, int], int] = {tp: 0 for tp in TPS}
         self.now = 0.0
 
     # -- helpers -------------------------------------------------------------------------
@@ -97,6 +100,7 @@ class CoreVersusReference(RuleBasedStateMachine):
             assert epoch == ref_epoch
             self.epochs[tp] = epoch
             self.starts[tp] = committed
+            self.starts_epoch[tp] = epoch
 
     @precondition(lambda self: self.epochs)
     @rule(data=st.data(), drain_first=st.booleans(), roll=st.integers(0, 3))
@@ -111,7 +115,8 @@ class CoreVersusReference(RuleBasedStateMachine):
         ref_offset = self.ref.revoked(tp)
         assert (commit.offset if commit else None) == ref_offset
         if commit is not None:
-            self.pending_acks.append((commit, ref_offset))
+            self.requests += 1
+            self.pending_acks.append((commit, self.requests))
         self.old_epochs.append((tp, self.epochs.pop(tp)))
 
     @rule(roll=st.integers(0, 9))
@@ -132,6 +137,7 @@ class CoreVersusReference(RuleBasedStateMachine):
         assert epoch == self.ref.restored(tp, committed, above)
         self.epochs[tp] = epoch
         self.starts[tp] = committed
+        self.starts_epoch[tp] = epoch
 
     # -- fetching ------------------------------------------------------------------------
 
@@ -265,14 +271,15 @@ class CoreVersusReference(RuleBasedStateMachine):
         if commit is not None:
             assert commit.epoch == self.epochs[tp]
             assert list(commit.finished_above) == self.ref.parts[tp].observe()["finished_above"]
-            self.pending_acks.append((commit, ref_offset))
+            self.requests += 1
+            self.pending_acks.append((commit, self.requests))
 
     @precondition(lambda self: self.pending_acks)
     @rule(data=st.data(), outcome=st.sampled_from(["ack", "ack_twice", "fail", "lose"]))
     def deliver_ack(self, data, outcome) -> None:
         """Deliver one outstanding commit, in any order: ack, duplicate, failure or loss."""
         i = data.draw(st.integers(0, len(self.pending_acks) - 1))
-        commit, _ = self.pending_acks.pop(i)
+        commit, number = self.pending_acks.pop(i)
         tp, epoch = commit.tp, commit.epoch
         if outcome == "lose":
             return
@@ -281,9 +288,20 @@ class CoreVersusReference(RuleBasedStateMachine):
                 tp, epoch, commit.offset
             )
             return
-        # The broker/sink stored it: the durable position moves (never backwards).
-        if commit.offset > self.durable[tp][0]:
+        if self.starts_epoch.get(tp) != epoch:
+            # Fenced: the partition was assigned again since this commit was made,
+            # so an exactly-once sink rejects it and the member hears of a failure.
+            assert self.core.commit_failed(tp, epoch, commit.offset) is False
+            return
+        # The sink stored it, in request order (one transaction after another): what
+        # it holds as finished may only grow, or a restart would run work twice.
+        if number > self.applied[tp]:
+            old_offset, old_above = self.durable[tp]
+            held_before = set(range(old_offset)) | set(old_above)
+            held_after = set(range(commit.offset)) | set(commit.finished_above)
+            assert held_before <= held_after, f"the sink would forget {held_before - held_after}"
             self.durable[tp] = (commit.offset, commit.finished_above)
+            self.applied[tp] = number
         for _ in range(2 if outcome == "ack_twice" else 1):
             moved, ref_moved = both(
                 lambda: self.core.commit_acked(tp, epoch, commit.offset),

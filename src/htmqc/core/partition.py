@@ -183,9 +183,15 @@ class PartitionTracker:
         return dict(self._live)
 
     def finished_above(self) -> tuple[int, ...]:
-        """Fetched offsets above the watermark that finished out of order."""
+        """Offsets above the watermark that are finished, in increasing order:
+        those that finished out of order, and those the sink already held at
+        assignment (``finished_above`` of :meth:`__init__`) that have not been
+        fetched again yet. A commit must carry both, or a sink that replaces its
+        stored set would forget the second kind (found by TLC, model
+        ``small_eos_forget_skip``)."""
         live = self._live
-        return tuple(o for o in self._order if o not in live)
+        done = tuple(o for o in self._order if o not in live)
+        return done + tuple(sorted(self._skip)) if self._skip else done
 
     def snapshot(self) -> dict[str, Any]:
         """The whole observable state as plain data (for traces and vectors)."""
