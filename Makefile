@@ -16,7 +16,7 @@ LINTED := $(wildcard src tests model_checks proofs spec benchmarks examples)
 QUIET_PIP := { grep -v "^WARNING: Location 'file://" || true; }
 CROSSHAIR_TIMEOUT ?= 4
 
-.PHONY: help setup test lint typecheck pytest crosshair proofs tlc spec-check formal-tests verify verify-long bench demo clean
+.PHONY: help setup test lint typecheck pytest crosshair proofs tlc spec-check formal-tests verify verify-long bench bench-peers demo clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -70,8 +70,22 @@ bench: setup ## benchmarks; results go to benchmarks/results/
 	HTMQC_CONTRACTS=1 $(PY) -m benchmarks.core_bench --contracts on
 	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.runtime_bench
 
+# The peers pin their own librdkafka (quixstreams wants confluent-kafka < 2.13), so they
+# get a venv of their own; htmqc and the raw loop run in it too, for a fair comparison.
+PEERS_VENV := .venv-peers
+$(PEERS_VENV)/.stamp: pyproject.toml
+	test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install -q -e . quixstreams==3.28.1 aiokafka \
+	  faust-streaming matplotlib 2>&1 | $(QUIET_PIP)
+	touch $@
+
+bench-peers: $(PEERS_VENV)/.stamp ## htmqc against raw confluent-kafka, aiokafka, Quix, faust
+	HTMQC_CONTRACTS=0 $(PEERS_VENV)/bin/python -m benchmarks.peers --count $(PEERS_COUNT) \
+	  --sizes 100,1024 --repeat 3 --kill --kill-count 50000 --timeout 600
+PEERS_COUNT ?= 1000000
+
 demo: setup ## the main job: 1M messages exactly-once into SQLite, two SIGKILLs, an audit
 	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.demo
 
 clean: ## remove build output (not the venv)
-	rm -rf build .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf build .pytest_cache .mypy_cache .ruff_cache .hypothesis .venv-peers

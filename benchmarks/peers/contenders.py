@@ -1,0 +1,37 @@
+"""The contender slots: which module and mode, what the tables call them.
+
+A :class:`Slot` names one measured configuration; ``count_cap`` bounds the
+messages a slow loop reads (the naive loop makes one broker round trip per
+message, so a million would take minutes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One contender configuration."""
+
+    key: str  # stable id used in peers.json
+    module: str  # module in benchmarks.peers
+    mode: str
+    label: str  # for tables and charts
+    count_cap: int | None = None  # slow loops read fewer messages
+
+
+SLOTS: tuple[Slot, ...] = (
+    Slot("raw", "raw", "raw", "raw confluent-kafka loop (async commit per batch)"),
+    Slot("naive", "raw", "naive", "naive loop (sync commit per message)", count_cap=20_000),
+    Slot("aiokafka", "aio", "at-least-once", "aiokafka 0.14 (commit per batch)"),
+    Slot("quix_alo", "quix", "at-least-once", "Quix Streams 3.28 at-least-once"),
+    Slot("quix_eo", "quix", "exactly-once", "Quix Streams 3.28 exactly-once (no output)"),
+    Slot("quix_kk", "quix", "exactly-once-kafka", "Quix Streams 3.28 exactly-once Kafka→Kafka"),
+    Slot("faust", "faust_peer", "at-least-once", "faust-streaming 0.15 at-least-once"),
+    Slot("htmqc_alo", "htmqc_peer", "at-least-once", "htmqc at-least-once"),
+    Slot("htmqc_eo", "htmqc_peer", "exactly-once", "htmqc exactly-once into SQLite"),
+    Slot("htmqc_kk", "htmqc_peer", "exactly-once-kafka", "htmqc exactly-once Kafka→Kafka"),
+)
+LATENCY_SLOTS = ("raw", "aiokafka", "quix_alo", "htmqc_alo")
+BY_KEY = {slot.key: slot for slot in SLOTS}
