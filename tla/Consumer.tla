@@ -124,7 +124,8 @@ Processed(v) == LET u == {o \in Offsets : v.st[o] \in Live}
 \* and the offsets the sink held at assignment that are not fetched yet (they
 \* are still done: forgetting them would run them again after a restart).
 FinishedAbove(v) ==
-    {o \in Offsets : o > Processed(v) /\ v.st[o] \in Finished}
+    LET w == Processed(v) IN
+    {o \in Offsets : o > w /\ v.st[o] \in Finished}
     \cup (IF FORGET_SKIP THEN {} ELSE {o \in v.skip : o >= v.next})
 
 \* The offset a commit request hands out (the mutant hands out next).

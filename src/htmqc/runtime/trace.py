@@ -26,7 +26,9 @@ class TracingCore(ConsumerCore):
         super().__init__(retry)
         self._out = out
 
-    def _write(self, tp: TopicPartition, ev: str, offsets: Iterable[int | None]) -> None:
+    def _write(
+        self, tp: TopicPartition, ev: str, offsets: Iterable[int | None], above: Sequence[int] = ()
+    ) -> None:
         tracker = self._parts.get(tp)
         state: dict[str, Any] = (
             {"next": tracker.next, "processed": tracker.processed, "committed": tracker.committed}
@@ -34,16 +36,20 @@ class TracingCore(ConsumerCore):
             else {}
         )
         name = f"{tp[0]}/{tp[1]}"
+        extra = {"above": list(above)} if above else {}
         for off in offsets:
-            self._out.write(json.dumps({"p": name, "ev": ev, "off": off, "state": state}) + "\n")
+            self._out.write(
+                json.dumps({"p": name, "ev": ev, "off": off, "state": state, **extra}) + "\n"
+            )
 
     def close(self) -> None:
         """Flush and close the trace file."""
         self._out.close()
 
     def assign(self, tp: TopicPartition, committed: int, finished_above: Iterable[int] = ()) -> int:
-        epoch = super().assign(tp, committed, finished_above)
-        self._write(tp, "assign", [committed])
+        above = sorted(finished_above)
+        epoch = super().assign(tp, committed, above)
+        self._write(tp, "assign", [committed], above)
         return epoch
 
     def fetched(

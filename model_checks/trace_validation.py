@@ -1,0 +1,710 @@
+"""Trace validation: is a ``htmqc run --trace`` file a behaviour of the model?
+
+Contract
+--------
+:func:`validate_trace` reads one trace (JSON lines, :mod:`htmqc.runtime.trace`,
+design notes §5) and returns a :class:`TraceReport`: ``ok`` is true when the
+trace is accepted by every check that ran, else ``violations`` names the first
+offending line, its event and partition, and the problem. Two checks:
+
+1. **Reference replay** (always; any size). The trace is replayed through
+   :class:`model_checks.reference.ReferenceConsumer`, per partition and per
+   assignment epoch (each ``assign`` line starts a new epoch of that partition),
+   and after each batch the recorded ``next``/``processed``/``committed`` must
+   equal the model's. Beyond what the model itself refuses (an event from the
+   wrong lifecycle state, a batch below ``next``, an ack above the watermark,
+   work started while draining) the replay checks:
+
+   * ``committed <= processed <= next`` in every recorded state;
+   * no commit beyond the watermark (``commit_acked``/``commit_failed`` offset
+     ``<= processed``; an acked commit moves ``committed`` forward);
+   * no event for a partition this member does not hold (an effect after its
+     epoch ended: revoked, crashed, or before its assignment);
+   * the durable position never moves backwards: a new assignment starts at or
+     above every offset this trace saw acked for the partition;
+   * a final commit handed out by ``revoked`` is the watermark.
+
+   Lines of one batch (consecutive, same partition, event and recorded state)
+   are applied one offset at a time and compared once, after the last.
+   Cost: amortised O(1) per line plus O(in-flight window) per batch (finished
+   offsets below the watermark are dropped from the model as it goes).
+
+2. **TLC** (small traces: at most :data:`TLC_MAX_LINES` lines and offsets
+   below :data:`TLC_MAX_OFFSETS`; or forced with ``tlc=True``). The trace is
+   turned into a TLA+ module of constants (``TraceRun.tla``, see
+   :func:`tla_module`) for ``tla/TraceConsumer.tla``, which EXTENDS
+   ``Consumer.tla`` and lets each step be only the spec action the next trace
+   line names (spec/refinement.md maps the names). TLC, run by
+   :func:`model_checks.tlc.run_model` in a child JVM, then reports the
+   invariant ``TraceUnmatched`` violated if a behaviour of the spec matches the
+   whole trace (accepted); if it finishes without, no behaviour does
+   (rejected, with the deepest line matched). Any of the spec's own invariants
+   failing on the way also rejects.
+
+Trace format notes: lines may carry ``"above": [..]`` on ``assign`` (offsets
+finished above the committed one, from the sink); without it an assignment is
+taken to start with none. A last line cut short (the process was killed in
+the middle of a write) is ignored and noted in the report; a malformed line
+anywhere else is a violation. One trace file is one process: a restarted
+process must write a new file.
+
+Command line::
+
+    python -m model_checks.trace_validation [--tlc|--no-tlc] [--mode MODE] TRACE...
+
+prints one line per trace and exits 0 if all are valid, 1 if any is not,
+2 on bad usage (a missing file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from itertools import count
+from pathlib import Path
+from typing import Any
+
+from htmqc.errors import HtmqcError, RuntimeFailure, UsageError
+from model_checks.reference import ReferenceConsumer, RefError, RefPartition
+from model_checks.tlc import BUILD_DIR, TLA_DIR, run_model
+
+#: Largest trace (lines) that TLC checks by default.
+TLC_MAX_LINES = 400
+#: TLC's per-offset functions span 0..max offset: keep that small by default.
+TLC_MAX_OFFSETS = 48
+#: Events of the trace vocabulary (spec/refinement.md, lifecycle.Event values).
+EVENTS = frozenset(
+    {
+        "assign",
+        "fetched",
+        "started",
+        "succeeded",
+        "failed",
+        "retry_scheduled",
+        "retry_due",
+        "dead_lettered",
+        "commit_acked",
+        "commit_failed",
+        "revoking",
+        "revoked",
+        "crashed",
+    }
+)
+_LIFECYCLE = ("started", "succeeded", "failed", "retry_scheduled", "retry_due", "dead_lettered")
+_MODES = ("at-least-once", "exactly-once")
+_DEEPEST = re.compile(r'<<"deepest", (\d+)>>')
+_runs = count()
+
+
+@dataclass(frozen=True)
+class Line:
+    """One trace line. ``state`` is ``None`` when the line carries none
+    (``revoked``, ``crashed``: the partition is no longer held)."""
+
+    number: int
+    p: str
+    ev: str
+    off: int | None
+    state: tuple[int, int, int] | None
+    above: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Violation:
+    """The first line the check refused, and why."""
+
+    line: int
+    event: str
+    partition: str
+    problem: str
+    check: str = "reference"
+
+    def text(self) -> str:
+        """One human line."""
+        return f"line {self.line} ({self.event} {self.partition}): {self.problem} [{self.check}]"
+
+
+@dataclass
+class TlcVerdict:
+    """What TLC said about a trace."""
+
+    accepted: bool
+    deepest: int | None
+    violated: str | None
+    distinct_states: int | None
+    seconds: float
+
+
+@dataclass
+class TraceReport:
+    """The verdict on one trace file (see module docs)."""
+
+    path: str
+    lines: int
+    batches: int
+    partitions: list[str]
+    epochs: int
+    truncated_tail: bool = False
+    violations: list[Violation] = field(default_factory=list)
+    tlc: TlcVerdict | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Accepted by every check that ran."""
+        return not self.violations and (self.tlc is None or self.tlc.accepted)
+
+    def summary(self) -> str:
+        """One line: the verdict and the first problem, if any."""
+        checks = "reference" + (" + TLC" if self.tlc is not None else "")
+        head = f"{self.path}: {self.lines} lines, {len(self.partitions)} partitions, "
+        head += f"{self.epochs} epochs"
+        if self.truncated_tail:
+            head += " (cut-short last line ignored)"
+        if self.ok:
+            return f"{head}: valid ({checks})"
+        return f"{head}: INVALID: {self.violations[0].text()}"
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as plain data (``ok`` included)."""
+        return {**asdict(self), "ok": self.ok}
+
+
+class _Reject(Exception):
+    """Internal: the replay stops at the first violation."""
+
+    def __init__(self, line: Line, problem: str) -> None:
+        super().__init__(problem)
+        self.violation = Violation(line.number, line.ev, line.p, problem)
+
+
+# -- reading ------------------------------------------------------------------------------
+
+
+def read_trace(path: str | Path) -> tuple[list[Line], bool, Violation | None]:
+    """``(lines, truncated_tail, format_problem)`` of a trace file.
+
+    Reading stops at the first malformed line, which becomes ``format_problem``
+    (unless it is the last line and has no newline: a write cut short, ignored).
+
+    :raises UsageError: the file cannot be read.
+    """
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise UsageError(
+            f"cannot read trace {path}: {exc.strerror or exc}", "pass the file --trace wrote"
+        ) from None
+    chunks = raw.split(b"\n")
+    truncated = False
+    lines: list[Line] = []
+    for number, chunk in enumerate(chunks, start=1):
+        if not chunk.strip():
+            continue
+        try:
+            lines.append(_parse(number, chunk))
+        except ValueError as exc:
+            if number == len(chunks):  # no newline after it: cut short by a kill
+                truncated = True
+                break
+            return lines, truncated, Violation(number, "?", "?", f"malformed line: {exc}", "format")
+    return lines, truncated, None
+
+
+def _int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} is {value!r}, not an offset")
+    return value
+
+
+def _parse(number: int, chunk: bytes) -> Line:
+    try:
+        data = json.loads(chunk)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    p, ev = data.get("p"), data.get("ev")
+    if not isinstance(p, str) or "/" not in p:
+        raise ValueError(f'"p" is {p!r}, not "topic/partition"')
+    if ev not in EVENTS:
+        raise ValueError(f"unknown event {ev!r}")
+    off = data.get("off")
+    off = None if off is None else _int(off, '"off"')
+    raw_state = data.get("state")
+    if not isinstance(raw_state, dict):
+        raise ValueError('"state" is not an object')
+    state = None
+    if raw_state:
+        state = tuple(_int(raw_state.get(k), k) for k in ("next", "processed", "committed"))
+    above = tuple(_int(o, '"above"') for o in data.get("above", ()))
+    return Line(number, p, ev, off, state, above)  # type: ignore[arg-type]
+
+
+def batches(lines: Sequence[Line]) -> list[list[Line]]:
+    """Consecutive lines of one partition, event and recorded state: one batch
+    (the runtime writes a batch event as one line per offset, each with the
+    state after the whole batch). ``assign``, ``revoked``, ``crashed``,
+    ``commit_*`` lines stand alone."""
+    out: list[list[Line]] = []
+    alone = ("assign", "revoked", "crashed", "commit_acked", "commit_failed", "revoking")
+    for line in lines:
+        last = out[-1][-1] if out else None
+        if (
+            last is not None
+            and line.ev not in alone
+            and (last.p, last.ev, last.state) == (line.p, line.ev, line.state)
+        ):
+            out[-1].append(line)
+        else:
+            out.append([line])
+    return out
+
+
+def _tp(name: str) -> tuple[str, int]:
+    topic, _, part = name.rpartition("/")
+    return (topic, int(part)) if part.isdigit() else (name, -1)
+
+
+# -- 1. reference replay ------------------------------------------------------------------
+
+
+class _Replay:
+    """Replays batches through the reference model (see module docs)."""
+
+    def __init__(self) -> None:
+        self.ref = ReferenceConsumer(max_retries=1 << 30)
+        self.epochs: dict[str, int] = {}
+        self.acked: dict[str, int] = {}
+        self.crashed: set[str] = set()
+        self.assignments = 0
+        #: The last recorded state of each held partition (this epoch).
+        self.last: dict[str, tuple[int, int, int]] = {}
+
+    def part(self, line: Line) -> RefPartition:
+        part = self.ref.parts.get(_tp(line.p))
+        if part is None:
+            raise _Reject(
+                line,
+                "event for a partition this member does not hold "
+                "(after its epoch ended: a stale-epoch effect)",
+            )
+        return part
+
+    def batch(self, batch: list[Line]) -> None:
+        first = batch[0]
+        ev = first.ev
+        try:
+            if ev == "assign":
+                self.assign(first)
+            elif ev == "fetched":
+                self.fetched(batch)
+            elif ev in _LIFECYCLE:
+                part = self.part(first)
+                offsets = [_need_off(x) for x in batch]
+                self.ref.event(ev, _tp(first.p), part.epoch, offsets)
+            elif ev in ("commit_acked", "commit_failed"):
+                self.commit(first)
+            elif ev == "revoking":
+                self.part(first)
+                self.ref.revoking(_tp(first.p))
+            elif ev == "revoked":
+                part = self.part(first)
+                if first.off is not None and first.off != part.processed():
+                    raise _Reject(
+                        first,
+                        f"final commit {first.off} is not the watermark {part.processed()}",
+                    )
+                self.ref.parts.pop(_tp(first.p))
+            elif ev == "crashed":
+                if _tp(first.p) in self.ref.parts:
+                    self.crashed = {f"{t}/{p}" for t, p in self.ref.parts}
+                    self.ref.crashed()
+                elif first.p not in self.crashed:
+                    raise _Reject(first, "crash of a partition this member did not hold")
+        except RefError as exc:
+            raise _Reject(batch[-1], f"the model refuses it: {exc}") from None
+        self.compare(batch[-1])
+
+    def assign(self, line: Line) -> None:
+        committed = _need_off(line)
+        floor = self.acked.get(line.p, 0)
+        if committed < floor:
+            raise _Reject(
+                line,
+                f"committed offset moved backwards: assigned at {committed}, "
+                f"but {floor} was acked before",
+            )
+        tp = _tp(line.p)
+        if tp in self.ref.parts:
+            raise _Reject(line, "assigned while already held")
+        self.ref.assign(tp, committed, line.above)
+        self.last.pop(line.p, None)
+        self.epochs[line.p] = self.epochs.get(line.p, 0) + 1
+        self.assignments += 1
+        self.crashed.discard(line.p)
+
+    def fetched(self, batch: list[Line]) -> None:
+        first = batch[0]
+        part = self.part(first)
+        if first.state is None:
+            raise _Reject(first, "fetched without a state")
+        end = first.state[0]
+        offsets = [_need_off(x) for x in batch]
+        if len(offsets) == 1 and offsets[0] == end:
+            offsets = []  # a gap report: fetched([], end)
+        elif any(o >= end for o in offsets):
+            raise _Reject(first, f"fetched offsets {offsets} reach past next={end}")
+        if end <= part.next:
+            raise _Reject(first, f"fetched does not move next ({part.next} -> {end})")
+        self.ref.fetched(_tp(first.p), part.epoch, offsets, end)
+
+    def commit(self, line: Line) -> None:
+        part = self.part(line)
+        off = _need_off(line)
+        watermark = part.processed()
+        if off > watermark:
+            raise _Reject(line, f"commit {off} beyond the watermark (processed={watermark})")
+        if line.ev == "commit_failed":
+            self.ref.commit_failed(_tp(line.p), part.epoch, off)
+            return
+        if not self.ref.commit_acked(_tp(line.p), part.epoch, off):
+            raise _Reject(line, f"ack of {off} does not move committed={part.committed}")
+        self.acked[line.p] = max(self.acked.get(line.p, 0), off)
+
+    def compare(self, line: Line) -> None:
+        part = self.ref.parts.get(_tp(line.p))
+        if line.state is None:
+            if part is not None:
+                raise _Reject(line, "the line carries no state but the partition is held")
+            return
+        nxt, processed, committed = line.state
+        if not committed <= processed <= nxt:
+            raise _Reject(
+                line,
+                f"invariant committed <= processed <= next broken "
+                f"({committed}, {processed}, {nxt})",
+            )
+        if part is None:
+            raise _Reject(line, "the line carries a state but the partition is not held")
+        before = self.last.get(line.p)
+        if before is not None:
+            names = ("next", "processed", "committed")
+            for name, old, new in zip(names, before, line.state, strict=True):
+                if new < old:
+                    raise _Reject(line, f"{name} went backwards within an epoch ({old} -> {new})")
+        self.last[line.p] = line.state
+        model = (part.next, part.processed(), part.committed)
+        if model != line.state:
+            raise _Reject(
+                line,
+                "recorded state (next, processed, committed) = "
+                f"{line.state} but the model has {model}",
+            )
+        _prune(part, model[1])
+
+
+def _need_off(line: Line) -> int:
+    if line.off is None:
+        raise _Reject(line, '"off" is missing')
+    return line.off
+
+
+def _prune(part: RefPartition, processed: int) -> None:
+    """Forget finished offsets below the watermark (they can never change again:
+    any later event on them is refused either way). Keeps replay linear."""
+    states = part.states
+    if len(states) < 64:
+        return
+    for o in [o for o in states if o < processed]:
+        del states[o]
+        part.failures.pop(o, None)
+
+
+def replay_reference(lines: Sequence[Line]) -> tuple[Violation | None, int, int]:
+    """Replay ``lines`` through the reference model: ``(first violation or None,
+    batches, assignments)``."""
+    replay = _Replay()
+    groups = batches(lines)
+    for batch in groups:
+        try:
+            replay.batch(batch)
+        except _Reject as exc:
+            return exc.violation, len(groups), replay.assignments
+    return None, len(groups), replay.assignments
+
+
+# -- 2. TLC ---------------------------------------------------------------------------------
+
+
+def _tla_set(values: Any) -> str:
+    return "{" + ", ".join(str(v) for v in sorted(values)) + "}"
+
+
+def _tla_fun(mapping: dict[str, str]) -> str:
+    return " @@ ".join(f"({json.dumps(k)} :> {v})" for k, v in sorted(mapping.items()))
+
+
+def tla_module(lines: Sequence[Line], mode: str, name: str = "TraceRun") -> tuple[str, str]:
+    """``(module text, cfg text)``: the trace as constants for TraceConsumer.tla.
+
+    Every trace line becomes one record of ``Trace``, except a fetched batch,
+    which is one record (the spec's ``Fetched`` covers a range in one step).
+    """
+    if mode not in _MODES:
+        raise UsageError(f"unknown mode {mode!r}", f"use one of {', '.join(_MODES)}")
+    parts = sorted({x.p for x in lines})
+    log: dict[str, set[int]] = {p: set() for p in parts}
+    end: dict[str, int] = {p: 0 for p in parts}
+    start: dict[str, int] = {}
+    start_above: dict[str, tuple[int, ...]] = {}
+    points: dict[str, set[int]] = {p: set() for p in parts}
+    assigns: dict[str, int] = {p: 0 for p in parts}
+    fails: dict[tuple[str, int, int], int] = {}
+    records: list[str] = []
+    highest = 0
+    for batch in batches(lines):
+        first = batch[0]
+        p = first.p
+        if first.state is not None:
+            end[p] = max(end[p], first.state[0])
+        for x in batch:
+            if x.off is not None:
+                highest = max(highest, x.off)
+        if first.ev == "assign":
+            assigns[p] += 1
+            if p not in start:
+                start[p], start_above[p] = first.off or 0, first.above
+            points[p].add(first.off or 0)
+        elif first.ev in ("commit_acked", "commit_failed", "revoked") and first.off is not None:
+            points[p].add(first.off)
+        elif first.ev == "failed":
+            for x in batch:
+                key = (p, assigns[p], x.off or 0)
+                fails[key] = fails.get(key, 0) + 1
+        if first.ev == "fetched":
+            nxt = first.state[0] if first.state else 0
+            offs = [x.off for x in batch if x.off is not None and x.off < nxt]
+            log[p].update(offs)
+            records.append(_record(batch[-1], offs, check=True))
+        else:
+            for k, x in enumerate(batch):
+                records.append(_record(x, [], check=k == len(batch) - 1))
+    max_end = max([highest + 1, *end.values(), *start.values(), 1])
+    for p in parts:
+        end[p] = max(end[p], start.get(p, 0))
+    module = "\n".join(
+        [
+            f"---- MODULE {name} ----",
+            "\\* Generated by model_checks/trace_validation.py from one trace: do not edit.",
+            "EXTENDS TraceConsumer",
+            f"RunPartitions == {{{', '.join(json.dumps(p) for p in parts)}}}",
+            f"RunLog == {_tla_fun({p: _tla_set(log[p]) for p in parts})}",
+            f"RunEnd == {_tla_fun({p: str(end[p]) for p in parts})}",
+            f"RunStart == {_tla_fun({p: str(start.get(p, 0)) for p in parts})}",
+            f"RunStartAbove == {_tla_fun({p: _tla_set(start_above.get(p, ())) for p in parts})}",
+            f"RunPoints == {_tla_fun({p: _tla_set(points[p]) for p in parts})}",
+            "RunTrace == <<",
+            ",\n".join(records),
+            ">>",
+            f"\\* MaxEnd = {max_end}",
+            "====",
+            "",
+        ]
+    )
+    crashes = sum(1 for x in lines if x.ev == "crashed")
+    cfg = "\n".join(
+        [
+            "\\* Generated by model_checks/trace_validation.py: trace validation of one trace.",
+            "CONSTANTS",
+            "    Partitions <- RunPartitions",
+            "    Log <- RunLog",
+            "    End <- RunEnd",
+            "    Start <- RunStart",
+            "    StartAbove <- RunStartAbove",
+            "    CommitPoints <- RunPoints",
+            "    Trace <- RunTrace",
+            "    Members = {m1}",
+            "    M = m1",
+            "    NoMember = NoMember",
+            f"    Workers = {len({(x.p, x.off) for x in lines if x.ev == 'started'}) + 1}",
+            f"    MaxRetries = {max([0, *fails.values()])}",
+            f"    MaxEpoch = {max([0, *assigns.values()]) + 1}",
+            f"    MaxCrashes = {crashes}",
+            f"    MaxExpiries = {sum(1 for x in lines if x.ev == 'revoked')}",
+            "    TransientFailures = TRUE",
+            f'    MODE = "{mode}"',
+            "    FENCE = TRUE",
+            "    COMMIT_NEXT = FALSE",
+            "    FORGET_SKIP = FALSE",
+            "INIT TraceInit",
+            "NEXT TraceNext",
+            "INVARIANTS TraceUnmatched TypeOK OffsetOrder NoLoss"
+            + (" NoDuplicateEffect" if mode == "exactly-once" else ""),
+            "PROPERTY CommittedMonotonic",
+            "",
+        ]
+    )
+    return module, cfg
+
+
+def _record(line: Line, offs: list[int], *, check: bool) -> str:
+    nxt, processed, committed = line.state if line.state is not None else (0, 0, 0)
+    return (
+        f'[ev |-> "{line.ev}", p |-> {json.dumps(line.p)}, '
+        f"off |-> {-1 if line.off is None else line.off}, offs |-> {_tla_set(offs)}, "
+        f"check |-> {'TRUE' if check else 'FALSE'}, "
+        f"held |-> {'TRUE' if line.state is not None else 'FALSE'}, "
+        f"next |-> {nxt}, processed |-> {processed}, committed |-> {committed}]"
+    )
+
+
+def tlc_fits(lines: Sequence[Line]) -> bool:
+    """Small enough for TLC by default (:data:`TLC_MAX_LINES`, :data:`TLC_MAX_OFFSETS`)."""
+    if len(lines) > TLC_MAX_LINES:
+        return False
+    top = max(
+        [0, *(x.off or 0 for x in lines), *(x.state[0] for x in lines if x.state is not None)]
+    )
+    return top < TLC_MAX_OFFSETS
+
+
+def check_with_tlc(
+    lines: Sequence[Line], mode: str = "at-least-once", *, timeout: float = 300.0
+) -> TlcVerdict:
+    """Run TLC on the trace (see module docs) in a fresh directory under
+    ``build/tlc/trace/``; return its verdict.
+
+    :raises RuntimeFailure: TLC could not run or failed to parse the model.
+    """
+    model = f"trace_{os.getpid()}_{next(_runs)}"
+    workdir = BUILD_DIR / "trace" / model
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    for spec in ("Consumer.tla", "TraceConsumer.tla"):
+        shutil.copyfile(TLA_DIR / spec, workdir / spec)
+    module, cfg = tla_module(lines, mode)
+    (workdir / "TraceRun.tla").write_text(module)
+    (workdir / "TraceRun.cfg").write_text(cfg)
+    result = run_model(model, "TraceRun.tla", "TraceRun.cfg", tla_dir=workdir, timeout=timeout)
+    log_path = BUILD_DIR / "logs" / f"{model}.log"
+    output = log_path.read_text() if log_path.is_file() else ""
+    deepest = max((int(n) for n in _DEEPEST.findall(output)), default=0)
+    if result.violated == "timeout" or (result.errors and result.violated is None):
+        raise RuntimeFailure(
+            f"TLC could not check the trace: {(result.errors or ['timeout'])[0].splitlines()[0]}",
+            f"see {log_path} and {workdir}",
+        )
+    shutil.rmtree(workdir, ignore_errors=True)
+    log_path.unlink(missing_ok=True)
+    return TlcVerdict(
+        accepted=result.violated == "TraceUnmatched",
+        deepest=deepest,
+        violated=None if result.violated == "TraceUnmatched" else result.violated,
+        distinct_states=result.distinct_states,
+        seconds=result.seconds,
+    )
+
+
+def _record_lines(lines: Sequence[Line]) -> list[Line]:
+    """The trace line behind each record of ``Trace`` (see :func:`tla_module`)."""
+    out: list[Line] = []
+    for batch in batches(lines):
+        out.extend(batch[:1] if batch[0].ev == "fetched" else batch)
+    return out
+
+
+def _tlc_violation(lines: Sequence[Line], verdict: TlcVerdict) -> Violation:
+    records = _record_lines(lines)
+    at = records[min(verdict.deepest or 0, len(records) - 1)]
+    if verdict.violated:
+        problem = f"the spec's {verdict.violated} fails along the trace (TLC)"
+    else:
+        problem = "no behaviour of Consumer.tla takes this step (TLC)"
+    return Violation(at.number, at.ev, at.p, problem, "tlc")
+
+
+# -- entry points ---------------------------------------------------------------------------
+
+
+def validate_trace(
+    path: str | Path, *, tlc: bool | None = None, mode: str = "at-least-once"
+) -> TraceReport:
+    """Validate one trace file (see module docs).
+
+    ``tlc``: ``None`` runs TLC only on small traces (:func:`tlc_fits`), ``True``
+    always, ``False`` never. ``mode`` is the run's delivery mode (it decides
+    the spec's MODE for TLC).
+
+    :raises UsageError: the file cannot be read, or ``mode`` is unknown.
+    :raises RuntimeFailure: TLC was asked for and could not run.
+    """
+    if mode not in _MODES:
+        raise UsageError(f"unknown mode {mode!r}", f"use one of {', '.join(_MODES)}")
+    lines, truncated, problem = read_trace(path)
+    violation, n_batches, epochs = replay_reference(lines)
+    report = TraceReport(
+        path=str(path),
+        lines=len(lines),
+        batches=n_batches,
+        partitions=sorted({x.p for x in lines}),
+        epochs=epochs,
+        truncated_tail=truncated,
+    )
+    if problem is not None:
+        report.violations.append(problem)
+    elif violation is not None:
+        report.violations.append(violation)
+    if problem is None and lines and (tlc or (tlc is None and tlc_fits(lines))):
+        report.tlc = check_with_tlc(lines, mode)
+        if not report.tlc.accepted and not report.violations:
+            report.violations.append(_tlc_violation(lines, report.tlc))
+    return report
+
+
+def validate_traces(
+    paths: Sequence[str | Path], *, tlc: bool | None = None, mode: str = "at-least-once"
+) -> list[TraceReport]:
+    """:func:`validate_trace` for each path."""
+    return [validate_trace(p, tlc=tlc, mode=mode) for p in paths]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line (see module docs)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m model_checks.trace_validation",
+        description="Validate htmqc --trace files against the reference model and TLA+ spec.",
+    )
+    parser.add_argument("traces", nargs="+", metavar="TRACE")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--tlc",
+        dest="tlc",
+        action="store_true",
+        default=None,
+        help="always run TLC (default: only for small traces)",
+    )
+    group.add_argument("--no-tlc", dest="tlc", action="store_false", help="reference replay only")
+    parser.add_argument("--mode", choices=_MODES, default="at-least-once")
+    parser.add_argument("--json", action="store_true", help="print the reports as JSON")
+    args = parser.parse_args(argv)
+    try:
+        reports = validate_traces(args.traces, tlc=args.tlc, mode=args.mode)
+    except HtmqcError as exc:
+        print(f"trace_validation: error: {exc.line()}", file=sys.stderr)
+        return exc.exit_code
+    if args.json:
+        print(json.dumps([r.to_json() for r in reports], indent=2))
+    else:
+        for report in reports:
+            print(report.summary())
+    return 0 if all(r.ok for r in reports) else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
