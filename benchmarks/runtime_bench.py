@@ -6,8 +6,11 @@ process, and is timed from its first message to its last (group joins are
 left out). Variants: the raw loop (``consume`` batches, a Python call per
 message, an async commit per batch), htmqc at-least-once, htmqc exactly-once
 into SQLite (the demo handler: one INSERT per message), htmqc exactly-once
-Kafka→Kafka (one output record per message). Results go to
-``benchmarks/results/runtime.json`` with each figure's ratio to the raw loop.
+Kafka→Kafka (one output record per message), and at-least-once again with
+metrics on (what ``--metrics-port`` costs). Every variant runs ``--rounds``
+times, interleaved (the broker's speed on this shared box drifts); results go
+to ``benchmarks/results/runtime.json``: every run, the medians, each median's
+ratio to the raw loop, and the metrics overhead.
 
 Run with contracts off: ``HTMQC_CONTRACTS=0 python -m benchmarks.runtime_bench``.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -35,9 +39,9 @@ RESULTS = Path(__file__).resolve().parent / "results" / "runtime.json"
 PARTITIONS = 8
 
 
-def raw_loop(bootstrap: str, topic: str, count: int) -> float:
+def raw_loop(bootstrap: str, topic: str, count: int, group: str = "bench-raw") -> float:
     """msg/s of a plain confluent-kafka loop with a Python call per message."""
-    consumer = Consumer(consumer_config(bootstrap, "bench-raw"))
+    consumer = Consumer(consumer_config(bootstrap, group))
     consumer.subscribe([topic])
     seen = 0
     first = 0.0
@@ -67,10 +71,19 @@ def raw_loop(bootstrap: str, topic: str, count: int) -> float:
         consumer.close()
 
 
-def htmqc_rate(bootstrap: str, topic: str, count: int, handler: Any, **options: Any) -> float:
-    """msg/s of one htmqc engine run over the whole topic."""
+def htmqc_rate(
+    bootstrap: str,
+    topic: str,
+    count: int,
+    handler: Any,
+    *,
+    metrics: Any = None,
+    **options: Any,
+) -> float:
+    """msg/s of one htmqc engine run over the whole topic (``metrics``: count
+    events into this :class:`~htmqc.observe.Metrics`, as ``--metrics-port`` does)."""
     opts = RunOptions(bootstrap=bootstrap, topic=topic, max_messages=count, **options)
-    engine = build_engine(handler, opts)
+    engine = build_engine(handler, opts, metrics=metrics)
     engine.run(install_signals=False)
     assert engine.finished >= count, engine.finished
     assert engine.first_message_at is not None and engine.stopped_at is not None
@@ -78,12 +91,15 @@ def htmqc_rate(bootstrap: str, topic: str, count: int, handler: Any, **options: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run every variant; print and store the figures."""
+    """Run every variant ``--rounds`` times, interleaved; print and store the medians."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=1_000_000)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     from examples.effects import record
     from examples.transform import upper
+
+    from htmqc.observe import Metrics
 
     counted = [0]
 
@@ -95,42 +111,57 @@ def main(argv: list[str] | None = None) -> int:
         "count": args.count,
         "partitions": PARTITIONS,
         "size": 100,
+        "rounds": args.rounds,
         "contracts": CONTRACTS_ENABLED,
-        "msg_per_s": {},
+        "runs": {},
     }
-    rates = results["msg_per_s"]
+    runs: dict[str, list[float]] = results["runs"]
     with start_broker() as broker:
         b, topic = broker.bootstrap, "bench"
         create_topic(b, topic, PARTITIONS)
         create_topic(b, "bench-out", PARTITIONS)
         produce(b, topic, args.count, keys=1000, size=100)
-        rates["raw_loop"] = raw_loop(b, topic, args.count)
-        print(f"raw loop              {rates['raw_loop']:>10,.0f} msg/s", flush=True)
-        rates["at_least_once"] = htmqc_rate(b, topic, args.count, count_only, group="bench-alo")
-        print(f"htmqc at-least-once   {rates['at_least_once']:>10,.0f} msg/s", flush=True)
-        rates["exactly_once_sqlite"] = htmqc_rate(
-            b,
-            topic,
-            args.count,
-            record,
-            group="bench-eo",
-            mode="exactly-once",
-            sink=f"sqlite:///{work / 'bench.db'}",
-        )
-        print(f"htmqc exactly-once db {rates['exactly_once_sqlite']:>10,.0f} msg/s", flush=True)
-        rates["exactly_once_kafka"] = htmqc_rate(
-            b,
-            topic,
-            args.count,
-            upper,
-            group="bench-k2k",
-            mode="exactly-once",
-            sink="kafka:bench-out",
-        )
-        print(f"htmqc exactly-once kk {rates['exactly_once_kafka']:>10,.0f} msg/s", flush=True)
-    raw = rates["raw_loop"]
-    results["ratio_to_raw"] = {k: round(v / raw, 3) for k, v in rates.items()}
-    print(json.dumps(results["ratio_to_raw"]))
+        variants: dict[str, Any] = {
+            "raw_loop": lambda r: raw_loop(b, topic, args.count, group=f"bench-raw-{r}"),
+            "at_least_once": lambda r: htmqc_rate(
+                b, topic, args.count, count_only, group=f"bench-alo-{r}"
+            ),
+            "at_least_once_metrics": lambda r: htmqc_rate(
+                b, topic, args.count, count_only, group=f"bench-alo-m-{r}", metrics=Metrics()
+            ),
+            "exactly_once_sqlite": lambda r: htmqc_rate(
+                b,
+                topic,
+                args.count,
+                record,
+                group=f"bench-eo-{r}",
+                mode="exactly-once",
+                sink=f"sqlite:///{work / f'bench-{r}.db'}",
+            ),
+            "exactly_once_kafka": lambda r: htmqc_rate(
+                b,
+                topic,
+                args.count,
+                upper,
+                group=f"bench-k2k-{r}",
+                mode="exactly-once",
+                sink="kafka:bench-out",
+            ),
+        }
+        for r in range(args.rounds):
+            for name, run in variants.items():
+                rate = run(r)
+                runs.setdefault(name, []).append(rate)
+                print(f"round {r + 1} {name:<24} {rate:>10,.0f} msg/s", flush=True)
+    medians = {k: statistics.median(v) for k, v in runs.items()}
+    results["msg_per_s"] = medians
+    raw = medians["raw_loop"]
+    results["ratio_to_raw"] = {k: round(v / raw, 3) for k, v in medians.items()}
+    results["metrics_overhead"] = round(
+        1 - medians["at_least_once_metrics"] / medians["at_least_once"], 3
+    )
+    print(json.dumps({"ratio_to_raw": results["ratio_to_raw"],
+                      "metrics_overhead": results["metrics_overhead"]}))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     return 0

@@ -45,6 +45,19 @@ FIELDS: dict[str, tuple[type, Any]] = {
     "batch_size": (int, 1000),
     "connect_seconds": (float, 10.0),
     "trace": (str, None),
+    "max_retries": (int, 3),
+    "backoff_ms": (float, 100.0),
+    "backoff_max_ms": (float, 30_000.0),
+    "poison_threshold": (int, 5),
+    "poison_window": (float, 60.0),
+    "flow": (str, "adaptive"),
+    "min_in_flight": (int, 16),
+    "latency_target_ms": (float, 1000.0),
+    "max_in_flight_bytes": (int, 256 * 1024 * 1024),
+    "metrics_port": (int, None),
+    "metrics_host": (str, "127.0.0.1"),
+    "redis_url": (str, None),
+    "log_format": (str, "text"),
 }
 REQUIRED = ("bootstrap", "topic", "group")
 

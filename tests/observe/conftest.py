@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -50,6 +51,13 @@ def require_tool(tool: str, package: str) -> str:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
         pytest.skip(f"cannot install {package} for {tool}: {tail[0]}")
     return path
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @dataclass

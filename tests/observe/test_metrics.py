@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -152,6 +155,25 @@ def test_batch_histogram_matches_prometheus_client_histogram() -> None:
     for (name, labels), v in want.items():
         if name.startswith("ref_") and not name.endswith("_created"):
             assert got[("mine" + name[3:], labels)] == pytest.approx(v), (name, labels)
+
+
+@given(
+    start=st.floats(0, 1e6),
+    gaps=st.lists(
+        st.one_of(st.floats(0, 40), st.sampled_from(LATENCY_BUCKETS), st.just(0.0)), max_size=60
+    ),
+)
+def test_observe_ticks_equals_observing_the_gaps(start: float, gaps: list[float]) -> None:
+    ticks = [start]
+    for gap in gaps:
+        ticks.append(ticks[-1] + gap)
+    by_ticks = BatchHistogram("a", "a", LATENCY_BUCKETS)
+    by_values = BatchHistogram("b", "b", LATENCY_BUCKETS)
+    by_ticks.observe_ticks(ticks)
+    by_values.observe_many([b - a for a, b in itertools.pairwise(ticks)])
+    (cum_t, n_t, sum_t), (cum_v, n_v, sum_v) = by_ticks.snapshot(), by_values.snapshot()
+    assert (cum_t, n_t) == (cum_v, n_v)
+    assert sum_t == pytest.approx(sum_v, rel=1e-9, abs=1e-6)
 
 
 def test_end_to_end_ages_match_explicit_latencies() -> None:

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from htmqc.observe import Metrics, ObserveServer
-from tests.observe.conftest import Scenario, require_tool
+from tests.observe.conftest import Scenario, free_port, require_tool
 from tests.observe.test_metrics import EXPOSED
 
 OPS = Path(__file__).resolve().parents[2] / "ops"
@@ -80,24 +80,18 @@ def test_dashboard_covers_the_metrics() -> None:
         assert name.removesuffix("_bucket") in used, name
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture
-def prometheus(served: Served, tmp_path: Path) -> Iterator[tuple[str, Served]]:
-    """A real Prometheus on loopback scraping the served scenario every 0.5 s."""
+@contextmanager
+def run_prometheus(target_port: int, tmp_path: Path) -> Iterator[str]:
+    """A real Prometheus on loopback scraping ``127.0.0.1:target_port`` every 0.5 s;
+    yields its base URL."""
     binary = require_tool("prometheus", "prometheus")
-    _, _, server = served
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global:\n  scrape_interval: 500ms\n  evaluation_interval: 500ms\n"
         "scrape_configs:\n  - job_name: htmqc\n    static_configs:\n"
-        f"      - targets: ['127.0.0.1:{server.port}']\n"
+        f"      - targets: ['127.0.0.1:{target_port}']\n"
     )
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "prometheus.log").open("w")
     proc = subprocess.Popen(
         [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
@@ -105,7 +99,7 @@ def prometheus(served: Served, tmp_path: Path) -> Iterator[tuple[str, Served]]:
         stdout=log, stderr=subprocess.STDOUT,
     )
     try:
-        yield f"http://127.0.0.1:{port}", served
+        yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()
         try:
@@ -116,17 +110,24 @@ def prometheus(served: Served, tmp_path: Path) -> Iterator[tuple[str, Served]]:
         log.close()
 
 
-def _query(base: str, expr: str) -> dict:
+@pytest.fixture
+def prometheus(served: Served, tmp_path: Path) -> Iterator[tuple[str, Served]]:
+    """A real Prometheus on loopback scraping the served scenario."""
+    with run_prometheus(served[2].port, tmp_path) as base:
+        yield base, served
+
+
+def query(base: str, expr: str) -> dict:
     url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
     with urllib.request.urlopen(url, timeout=5) as r:
         return json.loads(r.read())
 
 
-def _wait_for(base: str, expr: str, deadline: float) -> list[dict]:
+def wait_for_series(base: str, expr: str, deadline: float) -> list[dict]:
     last: object = None
     while time.monotonic() < deadline:
         try:
-            answer = _query(base, expr)
+            answer = query(base, expr)
             if answer["status"] == "success" and answer["data"]["result"]:
                 return answer["data"]["result"]
             last = answer
@@ -140,17 +141,17 @@ def test_prometheus_scrapes_the_server(prometheus: tuple[str, Served]) -> None:
     base, (_, metrics, _) = prometheus
     metrics.processed("orders", 0, "succeeded", 41)
     metrics.processed("orders", 0, "failed", 1)
-    result = _wait_for(base, 'htmqc_messages_processed_total{outcome="succeeded"}',
+    result = wait_for_series(base, 'htmqc_messages_processed_total{outcome="succeeded"}',
                        time.monotonic() + 30)
     assert [(r["metric"]["topic"], r["metric"]["partition"], float(r["value"][1]))
             for r in result] == [("orders", "0", 41.0)]
-    lag = _wait_for(base, 'htmqc_consumer_lag{topic="orders",partition="0"}',
+    lag = wait_for_series(base, 'htmqc_consumer_lag{topic="orders",partition="0"}',
                     time.monotonic() + 10)
     assert float(lag[0]["value"][1]) == 80
-    up = _wait_for(base, 'up{job="htmqc"}', time.monotonic() + 5)
+    up = wait_for_series(base, 'up{job="htmqc"}', time.monotonic() + 5)
     assert float(up[0]["value"][1]) == 1
     # Every dashboard query is valid PromQL for this Prometheus.
     for expr in _dashboard_exprs():
         concrete = re.sub(r"\$\w+", ".*", expr)
-        answer = _query(base, concrete)
+        answer = query(base, concrete)
         assert answer["status"] == "success", (expr, answer)

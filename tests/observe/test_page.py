@@ -49,7 +49,7 @@ class _Bars(HTMLParser):
             self._field = None
 
 
-def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     browser = require_tool("chromium", "chromium")
     cmd = [
         browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -60,15 +60,11 @@ def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=90)
 
 
-def test_page_bars_match_state_json(served: Served, tmp_path: Path) -> None:
-    _, _, server = served
-    done = _chromium(tmp_path, "--dump-dom", server.url + "/state")
-    assert done.returncode == 0, done.stderr[-2000:]
+def assert_page_matches(dom: str, doc: dict) -> None:
+    """The page's DOM (as Chromium rendered it) draws exactly ``doc`` (/state.json)."""
     page = _Bars()
-    page.feed(done.stdout)
+    page.feed(dom)
     assert page.ids["parts"] is not None
-    with urllib.request.urlopen(server.url + "/state.json", timeout=5) as r:
-        doc = json.loads(r.read())
     assert set(page.rows) == {p["name"] for p in doc["partitions"]}, "every partition drawn"
     for p in doc["partitions"]:
         row = page.rows[p["name"]]
@@ -94,11 +90,26 @@ def test_page_bars_match_state_json(served: Served, tmp_path: Path) -> None:
     assert page.ids["dlq-total"]["data-total"] == str(sum(doc["dlq"].values()))
 
 
+def render(url: str, tmp_path: Path) -> str:
+    """The DOM of ``url`` after its scripts ran, from headless Chromium."""
+    done = chromium(tmp_path, "--dump-dom", url)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_page_bars_match_state_json(served: Served, tmp_path: Path) -> None:
+    _, _, server = served
+    dom = render(server.url + "/state", tmp_path)
+    with urllib.request.urlopen(server.url + "/state.json", timeout=5) as r:
+        doc = json.loads(r.read())
+    assert_page_matches(dom, doc)
+
+
 def test_page_screenshot(served: Served, tmp_path: Path) -> None:
     _, _, server = served
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     SCREENSHOT.unlink(missing_ok=True)
-    done = _chromium(tmp_path, "--window-size=1200,640", f"--screenshot={SCREENSHOT}",
+    done = chromium(tmp_path, "--window-size=1200,640", f"--screenshot={SCREENSHOT}",
                      "--hide-scrollbars", server.url + "/state")
     assert done.returncode == 0, done.stderr[-2000:]
     assert SCREENSHOT.stat().st_size > 10_000

@@ -39,6 +39,9 @@ class FakeMessage:
     def value(self) -> bytes:
         return self._v
 
+    def __len__(self) -> int:
+        return len(self._v) if self._v is not None else 0
+
     def error(self) -> None:
         return None
 

@@ -44,8 +44,10 @@ def test_zombie_transaction_is_fenced(tmp_path: Path) -> None:
     a.on_assign(ca, [KafkaTP(TOPIC, 0)])
     b.on_assign(cb, [KafkaTP(TOPIC, 0)])  # the group moved the partition while A stalled
     b.dispatch(_messages(0, 10))
+    b.run_backlog()
     b.commit(force=True)
     a.dispatch(_messages(0, 6))  # A's late batch
+    a.run_backlog()
     a.commit(force=True)
     with sqlite3.connect(db) as conn:
         ids = sorted(r[0] for r in conn.execute("SELECT id FROM effects"))
@@ -55,6 +57,7 @@ def test_zombie_transaction_is_fenced(tmp_path: Path) -> None:
     assert a.core.epoch(TP) is None and TP in a.fenced
     assert TP in ca.paused
     a.dispatch(_messages(6, 10))  # fenced partitions run nothing more
+    a.run_backlog()
     assert a.in_flight == 0
 
 
@@ -69,6 +72,7 @@ def test_fenced_member_keeps_partitions_nobody_else_claimed(tmp_path: Path) -> N
         _messages(0, 3)
         + [FakeMessage(TOPIC, 1, i, b"k", f"{100 + i:012d}".encode()) for i in range(4)]
     )
+    a.run_backlog()
     a.commit(force=True)  # fenced on partition 0: the whole transaction is rolled back
     with sqlite3.connect(db) as conn:  # even the table the handler created was rolled back
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}

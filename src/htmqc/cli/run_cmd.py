@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from typing import Any
 
 from htmqc.config import parse_pairs, redacted, resolve
-from htmqc.runtime.options import MODES
+from htmqc.logs import setup as setup_logging
+from htmqc.runtime.options import FLOWS, LOG_FORMATS, MODES
 
 
 def register(subparsers: Any) -> None:
@@ -55,6 +55,25 @@ def register(subparsers: Any) -> None:
     p.add_argument("--batch-size", type=int, help="messages per consume() call (1000)")
     p.add_argument("--connect-seconds", type=float, help="how long to wait for the broker (10)")
     p.add_argument("--trace", metavar="FILE", help="append core transitions as JSON lines")
+    p.add_argument("--max-retries", type=int, help="retries before dead-lettering (3)")
+    p.add_argument("--backoff-ms", type=float, help="first retry backoff, full jitter (100)")
+    p.add_argument("--backoff-max-ms", type=float, help="backoff cap (30000)")
+    p.add_argument(
+        "--poison-threshold", type=int, help="failures within --poison-window that make poison (5)"
+    )
+    p.add_argument("--poison-window", type=float, metavar="SECONDS", help="(60)")
+    p.add_argument("--flow", choices=FLOWS, help="in-flight window: adaptive (AIMD) or fixed")
+    p.add_argument("--min-in-flight", type=int, help="smallest adaptive window (16)")
+    p.add_argument(
+        "--latency-target-ms", type=float, help="mean handler time that shrinks the window (1000)"
+    )
+    p.add_argument("--max-in-flight-bytes", type=int, help="value bytes before pausing (256 MiB)")
+    p.add_argument(
+        "--metrics-port", type=int, help="serve /metrics, /state, /state.json (0: a free port)"
+    )
+    p.add_argument("--metrics-host", help="address for --metrics-port (127.0.0.1)")
+    p.add_argument("--redis-url", help="mirror backpressure into redis://host:port/db")
+    p.add_argument("--log-format", choices=LOG_FORMATS, help="text (default) or json")
     p.add_argument("--log-level", default="INFO", help="logging level (INFO)")
     p.set_defaults(func=main)
 
@@ -64,15 +83,15 @@ def main(args: argparse.Namespace) -> int:
     from htmqc.runtime import run
     from htmqc.sinks import redact_url
 
-    cli = {k: v for k, v in vars(args).items() if k not in {"kafka_config", "config", "func"}}
+    cli = {
+        k: v
+        for k, v in vars(args).items()
+        if k not in {"kafka_config", "config", "func", "log_level"}
+    }
     options = resolve(
         cli, parse_pairs(args.kafka_config, "--kafka-config"), config_file=args.config
     )
-    logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    setup_logging(args.log_level, options.log_format)
     logging.getLogger("htmqc.runtime").info(
         "run %s on %s/%s group %s mode %s sink %s kafka %s",
         args.handler,

@@ -47,7 +47,7 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
-from operator import add
+from operator import add, sub
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
@@ -55,12 +55,11 @@ from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Met
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from htmqc.dlq.record import DLQ_KINDS
 from htmqc.observe.state import StateSource
 
 #: Allowed values of the ``outcome`` label of ``htmqc_messages_processed_total``.
 OUTCOMES = ("succeeded", "failed", "dead_lettered")
-#: Allowed values of the ``kind`` label of ``htmqc_dlq_total``.
-DLQ_KINDS = ("failed", "permanent", "poison")
 #: Values of the ``kind`` label of ``htmqc_offset``.
 OFFSET_KINDS = ("committed", "processed", "next")
 
@@ -99,9 +98,31 @@ class BatchHistogram:
         n = len(values)
         if not n:
             return
-        ordered = sorted(values)
-        below = [bisect_right(ordered, b) for b in self.bounds]
-        self._add(n, float(sum(ordered)), below)
+        self._observe(n, float(sum(values)), values)
+
+    def observe_ticks(self, ticks: Sequence[float]) -> None:
+        """Add the gaps between consecutive clock readings ``ticks`` (a run's start,
+        then one reading after each message): ``len(ticks) - 1`` observations whose
+        sum is ``ticks[-1] - ticks[0]``, without building the list of gaps."""
+        n = len(ticks) - 1
+        if n < 1:
+            return
+        total = ticks[-1] - ticks[0]
+        if total <= self.bounds[0]:
+            # Gaps are >= 0 (a monotonic clock), so none exceeds their sum: all of
+            # them fall in the first bucket. The common case for fast handlers: O(1).
+            self._add(n, total, [n] * len(self.bounds))
+            return
+        self._observe(n, total, map(sub, ticks[1:], ticks[:-1]))
+
+    def _observe(self, n: int, total: float, values: Iterable[float]) -> None:
+        # Only values above the first bound are sorted: fast handlers (the case where
+        # per-message cost matters) land in the first bucket and cost one comparison.
+        first = self.bounds[0]
+        ordered = sorted([v for v in values if v > first])
+        small = n - len(ordered)
+        below = [small + bisect_right(ordered, b) for b in self.bounds]
+        self._add(n, total, below)
 
     def observe_ages(self, now: float, timestamps_ms: Sequence[float]) -> None:
         """Add ``now - t`` for each timestamp (milliseconds since the epoch, Kafka's

@@ -10,18 +10,37 @@ the loop:
    it, on this thread;
 2. every message batch of a partition goes through ``core.fetched`` (which
    leaves out offsets the sink already holds), ``core.started_many``, and to a
-   lane (:mod:`htmqc.runtime.lanes`): run inline on the poll thread when
-   ``workers <= 1`` or in exactly-once mode, else queued to worker threads;
+   lane (:mod:`htmqc.runtime.lanes`): queued to worker threads when
+   ``workers > 1`` (at-least-once), else put on the *backlog*, which the poll
+   thread runs in time slices of at most ``_SLICE`` seconds between polls (so
+   ``max.poll.interval.ms`` is never exceeded because of a slow handler; only
+   one handler call longer than the interval could), committing a full
+   exactly-once transaction in the middle of a batch when it is due;
 3. worker reports are drained and turned into ``succeeded_many`` / ``failed``;
    ``RetryAt`` decisions go on a timer heap (only that key is held back),
    ``DeadLetter`` decisions are written by the delivery, then ``dead_lettered``;
+   a message that failed ``poison_threshold`` times within ``poison_window``
+   seconds, or raised a ``BaseException`` that is not an ``Exception`` (it
+   would kill its worker), is poison: dead-lettered to ``<topic>.dlq.poison``
+   at once (:class:`~htmqc.core.poison.PoisonDetector`);
 4. offsets the broker skipped (transaction markers, aborted records) are
    reported as gaps from ``consumer.position`` when the partition is idle;
 5. the delivery commits what the core asks for (``commits``) and reports
    ``commit_acked`` / ``commit_failed``;
-6. flow control: with ``max_in_flight`` messages unfinished, all partitions are
-   paused (polling goes on, so ``max.poll.interval.ms`` never expires because
-   of a slow handler) and resumed below the core's resume mark.
+6. flow control (:class:`~htmqc.core.flow.FlowWindow`): once a second the
+   window sees the interval's completions, failures and mean handler time
+   (AIMD with ``--flow adaptive``); when in-flight messages reach the window or
+   in-flight value bytes reach ``max_in_flight_bytes``, all partitions are
+   paused (polling goes on, so the group stays healthy) and resumed below the
+   window's resume marks. ``consume`` never asks for more messages than the
+   window has room for, so in-flight messages never exceed the window (bytes
+   may overshoot by one consume batch: sizes are known only once fetched).
+
+Observability reads, never steers: the core is mutated only under
+:attr:`Engine.lock`, which the HTTP server's threads take to read it
+(:meth:`Engine.state_source`); the poll loop releases it while it waits in
+``consume``, and rebalance callbacks take it themselves. Metric events are
+pushed once per lane report (a batch), not per message.
 
 The runtime holds no offset logic: positions on assignment come from Kafka's
 committed offsets (at-least-once) or ``sink.claim`` (exactly-once) and go to
@@ -43,25 +62,39 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+import traceback
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from htmqc.core import ConsumerCore, DeadLetter, FailureKind, RetryAt, classify
 from htmqc.core.decisions import TopicPartition
 from htmqc.core.flow import FlowPolicy, FlowWindow
+from htmqc.core.poison import PoisonDetector
 from htmqc.core.retry import Permanent, RetryPolicy
+from htmqc.dlq.record import DeadLetterInfo
 from htmqc.errors import RuntimeFailure
 from htmqc.runtime.delivery import AtLeastOnce, ExactlyOnce
-from htmqc.runtime.lanes import Lane, LanePool
+from htmqc.runtime.lanes import Done, Lane, LanePool
 from htmqc.runtime.options import EXACTLY_ONCE, RunOptions
 from htmqc.runtime.trace import TracingCore
 from htmqc.sinks import Fenced, Sink
 from htmqc.sinks.encoding import decode_metadata
 
+if TYPE_CHECKING:
+    from htmqc.observe.metrics import Metrics
+    from htmqc.observe.state import CoreStateSource
+
 log = logging.getLogger("htmqc.runtime")
 
 _POSITION_EVERY = 0.2
 _JOIN_GRACE = 30.0
+#: Longest stretch of inline handler work between two polls, seconds.
+_SLICE = 0.25
+#: Inline messages run between two looks at the clock and the transaction.
+_CHUNK = 250
+#: How often the flow window sees an interval's figures, seconds.
+_FLOW_INTERVAL = 1.0
 
 
 class MessageTooLarge(Permanent):
@@ -78,7 +111,7 @@ class Engine:
     ``consumer``: a ``confluent_kafka.Consumer`` (or a fake with the same
     methods), not yet subscribed. ``sink``: the opened exactly-once sink, or
     ``None`` for at-least-once. ``producer_factory`` makes the dead-letter
-    producer (at-least-once).
+    producer (at-least-once). ``metrics``: where events are counted (optional).
     """
 
     def __init__(
@@ -92,9 +125,16 @@ class Engine:
         retry: RetryPolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
         seed: int | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.options = options
         self.consumer = consumer
+        if retry is None:
+            retry = RetryPolicy(
+                max_retries=options.max_retries,
+                base_delay=options.backoff_ms / 1000.0,
+                max_delay=options.backoff_max_ms / 1000.0,
+            )
         self.core = (
             TracingCore(open(options.trace, "a", encoding="utf-8"), retry)  # noqa: SIM115
             if options.trace
@@ -102,6 +142,8 @@ class Engine:
         )
         self.clock = clock
         self.rng = random.Random(seed)
+        self.metrics = metrics
+        self.lock = threading.RLock()
         self.exactly_once = options.mode == EXACTLY_ONCE
         self.sink = sink
         self.eo: ExactlyOnce | None = None
@@ -114,29 +156,56 @@ class Engine:
         else:
             self.alo = AtLeastOnce(consumer, producer_factory or _no_producer)
             call = self._alo_call(handler)
+        timed = metrics is not None
         threaded = not self.exactly_once and options.workers > 1
-        self.pool: LanePool | None = LanePool(options.workers, call) if threaded else None
-        self.lane = Lane(call)
+        self.pool: LanePool | None = (
+            LanePool(options.workers, call, timed=timed, sized=True) if threaded else None
+        )
+        self.lane = Lane(call, timed=timed, sized=True)
+        #: Inline work not run yet: ``[tp, epoch, batch, next index]`` (no pool).
+        self.backlog: deque[list[Any]] = deque()
+        low = min(options.min_in_flight, options.max_in_flight)
+        adaptive = options.flow == "adaptive"
         self.window = FlowWindow(
             FlowPolicy(
-                min_window=options.max_in_flight,
+                min_window=low if adaptive else options.max_in_flight,
                 initial_window=options.max_in_flight,
                 max_window=options.max_in_flight,
+                increase=max(1, options.max_in_flight // 100),
+                latency_target=options.latency_target_ms / 1000.0,
                 max_in_flight=options.max_in_flight,
+                max_in_flight_bytes=options.max_in_flight_bytes,
             )
         )
+        self.adaptive = adaptive
+        self.poison = PoisonDetector(options.poison_threshold, options.poison_window)
         self.assigned: set[TopicPartition] = set()
         self.fenced: set[TopicPartition] = set()
         self.paused = False
         self.in_flight = 0
+        self.in_flight_bytes = 0
+        #: Highest in-flight message count and bytes seen (tests, benchmarks).
+        self.peak_in_flight = 0
+        self.peak_in_flight_bytes = 0
         self.finished = 0
         self.received = 0
+        #: Rebalance callbacks that gave this member partitions (tests: no rebalance storm).
+        self.assignments = 0
+        self.dlq_counts: dict[str, int] = {}
         self.stopping = threading.Event()
         self._timers: list[tuple[float, int, TopicPartition, int, Any]] = []
+        self._failures: dict[tuple[TopicPartition, int], float] = {}
+        #: Timed reports not yet in the histograms (:meth:`_flush_metrics`).
+        self._timed: list[Done] = []
+        self._bytes: dict[tuple[TopicPartition, int], int] = {}
         self._seq = 0
         self._last_commit = clock()
         self._last_position = clock()
         self._last_message = clock()
+        self._last_flow = clock()
+        self._iv_done = 0
+        self._iv_errors = 0
+        self._iv_elapsed = 0.0
         self._ever_assigned = False
         #: clock() when the first message arrived, and when the loop stopped (benchmarks).
         self.first_message_at: float | None = None
@@ -184,13 +253,91 @@ class Engine:
         if self.alo is not None:
             self.alo.on_commit(err, partitions)
 
+    # -- observability ------------------------------------------------------------------
+
+    def state_source(self) -> CoreStateSource:
+        """A :class:`~htmqc.observe.state.CoreStateSource` reading this engine under
+        :attr:`lock` (for ``/state.json``, ``/metrics`` and the Redis mirror)."""
+        from htmqc.observe.state import CoreStateSource
+
+        return CoreStateSource(
+            self.core,
+            lock=self.lock,
+            flow=self.window,
+            paused=self._paused_partitions,
+            dlq_counts=lambda: dict(self.dlq_counts),
+            high_watermarks=self._high_watermarks,
+            extra=lambda: {
+                "mode": self.options.mode,
+                "group": self.options.group,
+                "in_flight_bytes": self.in_flight_bytes,
+                "peak_in_flight": self.peak_in_flight,
+                "peak_in_flight_bytes": self.peak_in_flight_bytes,
+                "assignments": self.assignments,
+                "finished": self.finished,
+                "retries_waiting": len(self._timers),
+            },
+        )
+
+    def _paused_partitions(self) -> set[TopicPartition]:
+        return set(self.assigned) if self.paused else set(self.fenced)
+
+    def _high_watermarks(self) -> Mapping[TopicPartition, int]:
+        """Broker high watermarks from librdkafka's cache (no broker round trip)."""
+        from confluent_kafka import TopicPartition as KafkaTP
+
+        out: dict[TopicPartition, int] = {}
+        for tp in list(self.assigned):
+            try:
+                _low, high = self.consumer.get_watermark_offsets(
+                    KafkaTP(tp[0], tp[1]), cached=True
+                )
+            except Exception:
+                continue
+            if high is not None and high >= 0:
+                out[tp] = int(high)
+        return out
+
     # -- reports from lanes (always on the poll thread) ---------------------------------
 
-    def succeeded(self, tp: TopicPartition, epoch: int, offsets: list[int]) -> None:
-        """Lane report: ``offsets`` ran successfully."""
-        if self.core.succeeded_many(tp, epoch, offsets):
-            self.in_flight -= len(offsets)
-            self.finished += len(offsets)
+    def succeeded(self, tp: TopicPartition, epoch: int, done: Done) -> None:
+        """Lane report: ``done.offsets`` ran successfully."""
+        offsets = done.offsets
+        if len(offsets) == 1 and self._failures:
+            self._forget_failure(tp, offsets[0])
+        if not self.core.succeeded_many(tp, epoch, offsets):
+            return
+        n = len(offsets)
+        self.in_flight -= n
+        self.in_flight_bytes -= done.nbytes
+        self.finished += n
+        self._iv_done += n
+        self._iv_elapsed += done.elapsed
+        if self.metrics is not None:
+            self.metrics.processed(tp[0], tp[1], "succeeded", n)
+            if done.ticks:
+                self._timed.append(done)
+
+    def _flush_metrics(self) -> None:
+        """Put the latencies of the timed reports into the histograms, all at once
+        (a histogram update has a fixed cost, so it is paid per turn, not per run)."""
+        timed, self._timed = self._timed, []
+        m = self.metrics
+        if m is None or not timed:
+            return
+        stamps: list[float] = []
+        histogram = m.processing_latency
+        for done in timed:
+            if done.ticks:
+                histogram.observe_ticks(done.ticks)
+            if done.stamps_ms:
+                stamps += done.stamps_ms
+        if stamps:
+            m.observe_end_to_end(time.time(), stamps)
+
+    def _forget_failure(self, tp: TopicPartition, offset: int) -> None:
+        if self._failures.pop((tp, offset), None) is not None:
+            self.poison.forget((tp, offset))
 
     def failed(self, tp: TopicPartition, epoch: int, msg: Any, exc: BaseException) -> None:
         """Lane report: ``msg`` raised ``exc``; ask the core what to do."""
@@ -199,30 +346,85 @@ class Engine:
                 "the sink rolled back the open transaction after a failed message",
                 "restart htmqc run: it resumes from the stored positions",
             )
-        kind = classify(exc) if isinstance(exc, Exception) else FailureKind.PERMANENT
-        decision = self.core.failed(tp, epoch, msg.offset(), kind, time.time(), self.rng.random())
+        if isinstance(exc, KeyboardInterrupt):
+            raise exc
+        offset = msg.offset()
+        if self.core.epoch(tp) != epoch:
+            return  # late: the partition moved on
+        wall = time.time()
+        first = self._failures.setdefault((tp, offset), wall)
+        poison = self.poison.failed((tp, offset), self.clock()) or not isinstance(exc, Exception)
+        too_large = isinstance(exc, MessageTooLarge)
+        kind = (
+            FailureKind.PERMANENT
+            if poison or too_large or not isinstance(exc, Exception)
+            else classify(exc)
+        )
+        decision = self.core.failed(tp, epoch, offset, kind, wall, self.rng.random())
         if decision is None:
             return
+        self._iv_errors += 1
+        self._iv_done += 1
+        if self.metrics is not None:
+            self.metrics.processed(tp[0], tp[1], "failed")
         log.warning(
-            "handler failed on %s/%d@%d: %s", tp[0], tp[1], msg.offset(), type(exc).__name__
+            "handler failed on %s/%d@%d: %s",
+            tp[0],
+            tp[1],
+            offset,
+            type(exc).__name__,
+            extra={"topic": tp[0], "partition": tp[1], "offset": offset},
         )
         if isinstance(decision, RetryAt):
+            if self.metrics is not None:
+                self.metrics.retried()
             self._seq += 1
-            delay = max(0.0, decision.at - time.time())
+            delay = max(0.0, decision.at - wall)
             heapq.heappush(self._timers, (self.clock() + delay, self._seq, tp, epoch, msg))
             return
-        self._dead_letter(decision, msg, f"{type(exc).__name__}: {exc}")
+        if too_large:
+            dlq_kind = "too_large"
+        elif poison:
+            dlq_kind = "poison"
+        else:
+            dlq_kind = "permanent" if decision.permanent else "failed"
+        info = DeadLetterInfo(
+            kind=dlq_kind,
+            error_class=f"{type(exc).__module__}.{type(exc).__qualname__}",
+            error_message=str(exc),
+            stack="".join(traceback.format_exception(exc))[-8000:],
+            retries=decision.attempts - 1,
+            first_failure_at=first,
+            last_failure_at=wall,
+            group=self.options.group,
+        )
+        self._dead_letter(decision, msg, info)
 
-    def _dead_letter(self, decision: DeadLetter, msg: Any, reason: str) -> None:
+    def _dead_letter(self, decision: DeadLetter, msg: Any, info: DeadLetterInfo) -> None:
         tp, epoch = decision.tp, decision.epoch
         if self.eo is not None:
-            self.eo.dead_letter(tp[0], msg, reason)
+            self.eo.dead_letter(tp[0], msg, info)
         else:
             assert self.alo is not None
-            self.alo.dead_letter(tp[0], msg, reason)
+            self.alo.dead_letter(tp[0], msg, info)
+        self._forget_failure(tp, msg.offset())
         if self.core.dead_lettered(tp, epoch, msg.offset()):
             self.in_flight -= 1
+            self.in_flight_bytes -= len(msg)
             self.finished += 1
+            self.dlq_counts[info.kind] = self.dlq_counts.get(info.kind, 0) + 1
+            if self.metrics is not None:
+                self.metrics.processed(tp[0], tp[1], "dead_lettered")
+                self.metrics.dead_lettered(info.kind)
+        log.warning(
+            "dead-lettered %s/%d@%d to %s: %s",
+            tp[0],
+            tp[1],
+            msg.offset(),
+            info.target(tp[0]),
+            info.kind,
+            extra={"topic": tp[0], "partition": tp[1], "offset": msg.offset()},
+        )
         if self.pool is not None:
             self.pool.release(tp, msg.key())
         else:
@@ -254,7 +456,7 @@ class Engine:
     # -- dispatch -----------------------------------------------------------------------
 
     def dispatch(self, msgs: list[Any]) -> None:
-        """Hand a consumed batch to the core and the lanes."""
+        """Hand a consumed batch to the core and the lanes (or the backlog)."""
         by_tp: dict[TopicPartition, list[Any]] = {}
         for msg in msgs:
             err = msg.error()
@@ -289,16 +491,53 @@ class Engine:
                     continue
             run = core.fetched(tp, epoch, offsets)
             if len(run) != len(batch):
+                if self.metrics is not None:
+                    self.metrics.duplicates_suppressed(len(batch) - len(run))
                 wanted = set(run)
                 batch = [m for m in batch if m.offset() in wanted]
             if not run:
                 continue
             core.started_many(tp, epoch, run)
             self.in_flight += len(run)
+            self.in_flight_bytes += sum(map(len, batch))
             if self.pool is not None:
                 self.pool.submit(tp, epoch, batch)
             else:
-                self.lane.run(tp, epoch, batch, self)
+                self.backlog.append([tp, epoch, batch, 0])
+        if self.in_flight > self.peak_in_flight:
+            self.peak_in_flight = self.in_flight
+        if self.in_flight_bytes > self.peak_in_flight_bytes:
+            self.peak_in_flight_bytes = self.in_flight_bytes
+
+    def run_backlog(self, budget: float = _SLICE) -> None:
+        """Run inline work for at most about ``budget`` seconds (see module docs).
+
+        In exactly-once mode a transaction that becomes full or old is committed
+        between chunks, so one transaction never holds more than ``txn_messages``."""
+        backlog = self.backlog
+        if not backlog:
+            return
+        lane = self.lane
+        eo = self.eo
+        deadline = time.monotonic() + budget
+        while backlog:
+            item = backlog[0]
+            tp, epoch, batch, pos = item
+            if self.core.epoch(tp) != epoch:
+                backlog.popleft()  # revoked or fenced meanwhile: not ours to run
+                continue
+            end = min(len(batch), pos + _CHUNK)
+            if eo is not None:
+                end = min(end, pos + max(1, self.options.txn_messages - eo.count))
+            lane.run(tp, epoch, batch[pos:end] if pos or end < len(batch) else batch, self)
+            if end >= len(batch):
+                backlog.popleft()
+            else:
+                item[3] = end
+            if eo is not None and eo.due(self.clock()):
+                self._finish_txn()
+            if time.monotonic() >= deadline:
+                return
 
     def _report_gaps(self) -> None:
         """Offsets the broker skipped (markers, aborted records) are gaps."""
@@ -332,10 +571,14 @@ class Engine:
 
     def _finish_txn(self) -> None:
         assert self.eo is not None
+        started = time.perf_counter()
         try:
             self.eo.finish(self.core)
         except Fenced as exc:
             self._fenced(exc)
+            return
+        if self.metrics is not None:
+            self.metrics.observe_commit_latencies([time.perf_counter() - started])
 
     def _fenced(self, exc: Fenced) -> None:
         """The transaction was rolled back: every partition restarts from the sink."""
@@ -347,7 +590,7 @@ class Engine:
         for tp in held:
             self.core.revoked(tp)
             self._drop_lanes(tp)
-        self.in_flight = 0
+        self._recount()
         stale &= self.assigned
         self.fenced |= stale
         if stale:
@@ -362,6 +605,23 @@ class Engine:
             self.pool.drop(tp)
         else:
             self.lane.drop(tp)
+            self.backlog = deque(item for item in self.backlog if item[0] != tp)
+        self._timers = [t for t in self._timers if t[2] != tp]
+        heapq.heapify(self._timers)
+        for key in [k for k in self._failures if k[0] == tp]:
+            self._forget_failure(*key)
+
+    def _recount(self) -> None:
+        """In-flight figures from the core after partitions went away (bytes are
+        recounted from the work still queued inline; with a pool, dropped work's
+        bytes are let go with it)."""
+        self.in_flight = sum(len(t.in_flight()) for _, _, t in self.core.partitions())
+        if self.in_flight == 0:
+            self.in_flight_bytes = 0
+        elif self.pool is None:
+            self.in_flight_bytes = sum(
+                sum(map(len, item[2][item[3] :])) for item in self.backlog
+            )
 
     # -- assignment ---------------------------------------------------------------------
 
@@ -405,16 +665,21 @@ class Engine:
         if not tps:
             consumer.incremental_assign([])
             return
-        if self.eo is not None:
-            self._finish_txn()  # claim is not allowed with a transaction open
-        for tp in tps:
-            self.fenced.discard(tp)
-            if self.core.epoch(tp) is not None:
-                self.core.revoked(tp)
-        starts = self._claim(tps)
-        self.assigned.update(tps)
-        self._ever_assigned = True
-        self._last_message = self.clock()
+        with self.lock:
+            if self.metrics is not None:
+                self.metrics.rebalanced()
+            if self.eo is not None:
+                self._finish_txn()  # claim is not allowed with a transaction open
+            for tp in tps:
+                self.fenced.discard(tp)
+                if self.core.epoch(tp) is not None:
+                    self.core.revoked(tp)
+                    self._drop_lanes(tp)
+            starts = self._claim(tps)
+            self.assignments += 1
+            self.assigned.update(tps)
+            self._ever_assigned = True
+            self._last_message = self.clock()
         log.info("assigned %s", ", ".join(f"{t}/{p}@{starts[(t, p)]}" for t, p in tps))
         consumer.incremental_assign([KafkaTP(t, p, starts[(t, p)]) for t, p in tps])
         if self.paused:
@@ -430,27 +695,30 @@ class Engine:
 
     def _let_go(self, consumer: Any, partitions: list[Any], *, lost: bool) -> None:
         tps = [(p.topic, p.partition) for p in partitions]
-        core = self.core
-        for tp in tps:
-            core.revoking(tp)
-        if not lost:
-            self._wait_for_lanes(self.options.shutdown_seconds)
-        if self.eo is not None:
-            # The sink's fence check makes this safe even for lost partitions.
-            self._finish_txn()
+        with self.lock:
+            if self.metrics is not None and tps:
+                self.metrics.rebalanced()
+            core = self.core
             for tp in tps:
-                core.revoked(tp)
-        else:
-            assert self.alo is not None
-            self.alo.drain_acks(core)
-            final = [c for c in (core.revoked(tp) for tp in tps) if c is not None]
-            if final and not lost:
-                self.alo.commit(core, final, sync=True)
-        for tp in tps:
-            self._drop_lanes(tp)
-            self.assigned.discard(tp)
-            self.fenced.discard(tp)
-        self.in_flight = sum(len(t.in_flight()) for _, _, t in core.partitions())
+                core.revoking(tp)
+            if not lost:
+                self._wait_for_lanes(self.options.shutdown_seconds)
+            if self.eo is not None:
+                # The sink's fence check makes this safe even for lost partitions.
+                self._finish_txn()
+                for tp in tps:
+                    core.revoked(tp)
+            else:
+                assert self.alo is not None
+                self.alo.drain_acks(core)
+                final = [c for c in (core.revoked(tp) for tp in tps) if c is not None]
+                if final and not lost:
+                    self.alo.commit(core, final, sync=True)
+            for tp in tps:
+                self._drop_lanes(tp)
+                self.assigned.discard(tp)
+                self.fenced.discard(tp)
+            self._recount()
         log.info("%s %s", "lost" if lost else "revoked", ", ".join(f"{t}/{p}" for t, p in tps))
         consumer.incremental_unassign(partitions)
 
@@ -472,7 +740,15 @@ class Engine:
     def _flow(self) -> None:
         from confluent_kafka import TopicPartition as KafkaTP
 
-        pause = self.window.should_pause(max(0, self.in_flight), 0)
+        now = self.clock()
+        if self.adaptive and now - self._last_flow >= _FLOW_INTERVAL:
+            self._last_flow = now
+            done, errors = self._iv_done, self._iv_errors
+            if done:
+                self.window.observe(done, errors, self._iv_elapsed / done)
+            self._iv_done = self._iv_errors = 0
+            self._iv_elapsed = 0.0
+        pause = self.window.should_pause(max(0, self.in_flight), max(0, self.in_flight_bytes))
         if pause == self.paused:
             return
         self.paused = pause
@@ -504,6 +780,7 @@ class Engine:
         """Subscribe, loop until stopped, shut down; return the messages finished."""
         previous = self._install_signals() if install_signals else {}
         consumer = self.consumer
+        lock = self.lock
         try:
             if self.sink is not None and hasattr(self.sink, "bind"):
                 self.sink.bind(consumer)
@@ -515,21 +792,29 @@ class Engine:
             )
             batch_size = self.options.batch_size
             while not self.stopping.is_set() and not self._done():
-                timeout = 0.1 if not self._timers else 0.01
-                msgs = consumer.consume(batch_size, timeout)
-                self._drain_completions()
-                if msgs:
-                    self.dispatch(msgs)
-                if self._timers:
-                    self._fire_timers()
-                now = self.clock()
-                if len(msgs) < batch_size and now - self._last_position >= _POSITION_EVERY:
-                    self._last_position = now
-                    self._report_gaps()
-                self.commit()
-                if self.pool is not None:
+                busy = self._timers or self.backlog
+                # Never fetch past the window: in-flight stays within its bound.
+                room = self.window.limit - self.in_flight
+                wanted = batch_size if room >= batch_size else max(1, room)
+                msgs = consumer.consume(wanted, 0.01 if busy else 0.1)
+                with lock:
+                    self._drain_completions()
+                    if msgs:
+                        self.dispatch(msgs)
+                    if self._timers:
+                        self._fire_timers()
+                    if self.backlog:
+                        self.run_backlog()
+                    now = self.clock()
+                    if len(msgs) < batch_size and now - self._last_position >= _POSITION_EVERY:
+                        self._last_position = now
+                        self._report_gaps()
+                    self.commit()
                     self._flow()
-            self._shutdown()
+                    if self._timed:
+                        self._flush_metrics()
+            with lock:
+                self._shutdown()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -541,6 +826,7 @@ class Engine:
         self.stopped_at = self.clock()
         log.info("stopping: %d messages finished", self.finished)
         self._wait_for_lanes(self.options.shutdown_seconds)
+        self._flush_metrics()
         self._report_gaps()
         self.commit(force=True, sync=True)
         if self.alo is not None:
@@ -554,7 +840,7 @@ class Engine:
     def _install_signals(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():
             return {}
-        previous = {}
+        previous: dict[int, Any] = {}
         for sig in (signal.SIGTERM, signal.SIGINT):
             previous[sig] = signal.signal(sig, lambda _s, _f: self.stop())
         return previous

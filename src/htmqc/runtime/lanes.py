@@ -17,7 +17,7 @@ it again, and on success the parked messages follow; :meth:`Lane.release`
 message's key is held back.
 
 A lane never touches the core: it reports to a :class:`Report` (succeeded
-offsets in batches, failures one by one); the poll loop turns reports into
+offsets in batches as :class:`Done`, failures one by one); the poll loop turns reports into
 core events on its own thread. :class:`LanePool` runs ``N`` lanes on ``N``
 threads and hands the reports back through a queue; with ``workers <= 1`` the
 engine calls one lane directly on the poll thread (no thread hand-off at all).
@@ -25,8 +25,10 @@ engine calls one lane directly on the poll thread (no thread hand-off at all).
 
 from __future__ import annotations
 
+import operator
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -37,21 +39,70 @@ from htmqc.core.decisions import TopicPartition
 HeldKey = tuple[TopicPartition, Any]
 
 
+#: With timing on, one message in this many gives its Kafka timestamp (end-to-end latency).
+STAMP_EVERY = 16
+
+
+class Done:
+    """What a lane reports for a run of messages that succeeded, in order.
+
+    ``elapsed``: handler seconds for the run (always measured, once per run).
+    ``nbytes``: value bytes of the messages (when the lane is ``sized``).
+    ``ticks``: when the lane is ``timed`` (metrics are on), ``perf_counter``
+    readings: the run's start, then one after each successful message, so
+    message ``i`` took ``ticks[i + 1] - ticks[i]`` (:meth:`latencies`); one clock
+    read per message instead of two. ``stamps_ms``: Kafka timestamps of a sample
+    of the messages (the first, then every :data:`STAMP_EVERY`-th), for the
+    end-to-end histogram, which is therefore a sample.
+    """
+
+    __slots__ = ("elapsed", "nbytes", "offsets", "stamps_ms", "ticks")
+
+    def __init__(
+        self,
+        offsets: list[int],
+        elapsed: float,
+        nbytes: int = 0,
+        ticks: list[float] | None = None,
+        stamps_ms: list[float] | None = None,
+    ) -> None:
+        self.offsets = offsets
+        self.elapsed = elapsed
+        self.nbytes = nbytes
+        self.ticks = ticks
+        self.stamps_ms = stamps_ms
+
+    def latencies(self) -> list[float]:
+        """Per-message handler seconds (empty unless timed)."""
+        ticks = self.ticks
+        if not ticks:
+            return []
+        return list(map(operator.sub, ticks[1:], ticks[:-1]))
+
+
 class Report(Protocol):
     """Where a lane reports what happened (see module docs)."""
 
-    def succeeded(self, tp: TopicPartition, epoch: int, offsets: list[int]) -> None:
-        """These offsets of ``tp`` ran successfully (in order)."""
+    def succeeded(self, tp: TopicPartition, epoch: int, done: Done) -> None:
+        """``done.offsets`` of ``tp`` ran successfully (in order)."""
 
     def failed(self, tp: TopicPartition, epoch: int, msg: Any, exc: BaseException) -> None:
         """``msg`` raised ``exc``; its key is now held in the lane."""
 
 
 class Lane:
-    """Runs messages in order, holding back the key of a failed message."""
+    """Runs messages in order, holding back the key of a failed message.
 
-    def __init__(self, call: Callable[[Any], Any]) -> None:
+    ``timed``: read the clock after each handler call and sample message
+    timestamps (for the latency histograms); ``sized``: add up value bytes (for
+    the in-flight byte bound). Both cost a little per message, so they are off
+    unless needed.
+    """
+
+    def __init__(self, call: Callable[[Any], Any], *, timed: bool = False, sized: bool = False):
         self.call = call
+        self.timed = timed
+        self.sized = sized
         self._held: dict[HeldKey, deque[tuple[int, Any]]] = {}
 
     @property
@@ -63,7 +114,15 @@ class Lane:
         """Run ``msgs`` (all of ``tp``, epoch ``epoch``) in order."""
         call = self.call
         held = self._held
+        clock = time.perf_counter
+        timed = self.timed
+        sized = self.sized
         done: list[int] = []
+        started = clock()
+        ticks: list[float] | None = [started] if timed else None
+        tick = ticks.append if ticks is not None else None
+        nbytes = 0
+        failed = False
         for msg in msgs:
             if held and (tp, msg.key()) in held:
                 held[(tp, msg.key())].append((epoch, msg))
@@ -71,24 +130,48 @@ class Lane:
             try:
                 call(msg)
             except BaseException as exc:
+                failed = True
                 if done:
-                    report.succeeded(tp, epoch, done)
-                    done = []
+                    report.succeeded(tp, epoch, Done(done, clock() - started, nbytes, ticks))
+                    done, nbytes = [], 0
                 held[(tp, msg.key())] = deque()
                 report.failed(tp, epoch, msg, exc)
+                started = clock()
+                ticks = [started] if timed else None
+                tick = ticks.append if ticks is not None else None
             else:
                 done.append(msg.offset())
+                if tick is not None:
+                    tick(clock())
+                if sized:
+                    nbytes += len(msg)
         if done:
-            report.succeeded(tp, epoch, done)
+            stamps = None
+            if timed and not failed:
+                stamps = [m.timestamp()[1] for m in msgs[::STAMP_EVERY]]
+            report.succeeded(tp, epoch, Done(done, clock() - started, nbytes, ticks, stamps))
 
     def retry(self, tp: TopicPartition, epoch: int, msg: Any, report: Report) -> None:
         """Run the failed ``msg`` again; on success its parked followers run too."""
+        started = time.perf_counter()
         try:
             self.call(msg)
         except BaseException as exc:
             report.failed(tp, epoch, msg, exc)
             return
-        report.succeeded(tp, epoch, [msg.offset()])
+        ended = time.perf_counter()
+        timed = self.timed
+        report.succeeded(
+            tp,
+            epoch,
+            Done(
+                [msg.offset()],
+                ended - started,
+                len(msg) if self.sized else 0,
+                [started, ended] if timed else None,
+                [msg.timestamp()[1]] if timed else None,
+            ),
+        )
         self.release(tp, msg.key(), report)
 
     def release(self, tp: TopicPartition, key: Any, report: Report) -> None:
@@ -115,9 +198,9 @@ class QueueReport:
     def __init__(self, out: queue.SimpleQueue[tuple[Any, ...]]) -> None:
         self.out = out
 
-    def succeeded(self, tp: TopicPartition, epoch: int, offsets: list[int]) -> None:
-        """Queue ``("ok", tp, epoch, offsets)``."""
-        self.out.put(("ok", tp, epoch, offsets))
+    def succeeded(self, tp: TopicPartition, epoch: int, done: Done) -> None:
+        """Queue ``("ok", tp, epoch, done)``."""
+        self.out.put(("ok", tp, epoch, done))
 
     def failed(self, tp: TopicPartition, epoch: int, msg: Any, exc: BaseException) -> None:
         """Queue ``("fail", tp, epoch, msg, exc)``."""
@@ -134,12 +217,19 @@ class LanePool:
     work on revoke and for everything on shutdown.
     """
 
-    def __init__(self, workers: int, call: Callable[[Any], Any]) -> None:
+    def __init__(
+        self,
+        workers: int,
+        call: Callable[[Any], Any],
+        *,
+        timed: bool = False,
+        sized: bool = False,
+    ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.completions: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._report = QueueReport(self.completions)
-        self._lanes = [Lane(call) for _ in range(workers)]
+        self._lanes = [Lane(call, timed=timed, sized=sized) for _ in range(workers)]
         self._inbox: list[queue.SimpleQueue[tuple[Any, ...] | None]] = [
             queue.SimpleQueue() for _ in range(workers)
         ]

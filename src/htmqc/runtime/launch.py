@@ -12,11 +12,14 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from htmqc.errors import RuntimeFailure, UsageError
 from htmqc.runtime.engine import Engine
 from htmqc.runtime.options import EXACTLY_ONCE, RunOptions
+
+if TYPE_CHECKING:
+    from htmqc.observe import Metrics
 
 log = logging.getLogger("htmqc.runtime")
 
@@ -94,7 +97,9 @@ def check_topic(bootstrap: str, topic: str, create: int | None, connect_seconds:
     create_topic(bootstrap, topic, create)
 
 
-def build_engine(handler: Callable[..., Any], options: RunOptions) -> Engine:
+def build_engine(
+    handler: Callable[..., Any], options: RunOptions, *, metrics: Metrics | None = None
+) -> Engine:
     """Everything :func:`run` needs, checked; the caller runs it."""
     from confluent_kafka import Consumer, KafkaException, Producer
 
@@ -142,7 +147,9 @@ def build_engine(handler: Callable[..., Any], options: RunOptions) -> Engine:
             producer_config(options.bootstrap, producer_overrides(options.kafka_config))
         )
 
-    engine.append(Engine(handler, options, consumer, sink=sink, producer_factory=producer))
+    engine.append(
+        Engine(handler, options, consumer, sink=sink, producer_factory=producer, metrics=metrics)
+    )
     return engine[0]
 
 
@@ -167,7 +174,37 @@ def producer_overrides(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(spec: str, options: RunOptions) -> int:
-    """Load ``spec`` and run it until stopped; return the messages finished."""
+    """Load ``spec`` and run it until stopped; return the messages finished.
+
+    With ``metrics_port`` set, ``/metrics``, ``/state``, ``/state.json`` are
+    served on ``metrics_host`` for the whole run; with ``redis_url`` the
+    backpressure state is mirrored into Redis (:mod:`htmqc.observe.redis_mirror`).
+    """
+    from htmqc.observe import Metrics, ObserveServer
+    from htmqc.observe.redis_mirror import RedisMirror, parse_redis_url
+
     handler = load_handler(spec)
-    engine = build_engine(handler, options)
-    return engine.run()
+    if options.redis_url:
+        parse_redis_url(options.redis_url)  # bad URLs fail before anything starts
+    metrics = Metrics() if options.metrics_port is not None else None
+    engine = build_engine(handler, options, metrics=metrics)
+    source = engine.state_source()
+    server: ObserveServer | None = None
+    mirror: RedisMirror | None = None
+    try:
+        if metrics is not None:
+            assert options.metrics_port is not None
+            metrics.source = source
+            server = ObserveServer(metrics, host=options.metrics_host)
+            server.start(options.metrics_port)
+            log.info("metrics on %s/metrics, live state on %s/state", server.url, server.url)
+        if options.redis_url:
+            mirror = RedisMirror(options.redis_url, options.group, source)
+            mirror.start()
+            log.info("mirroring backpressure to redis key %s", mirror.key)
+        return engine.run()
+    finally:
+        if mirror is not None:
+            mirror.stop()
+        if server is not None:
+            server.stop()

@@ -8,6 +8,10 @@ from typing import Any
 AT_LEAST_ONCE = "at-least-once"
 EXACTLY_ONCE = "exactly-once"
 MODES = (AT_LEAST_ONCE, EXACTLY_ONCE)
+#: ``--flow``: ``adaptive`` moves the in-flight window by AIMD between
+#: ``min_in_flight`` and ``max_in_flight``; ``fixed`` keeps it at ``max_in_flight``.
+FLOWS = ("adaptive", "fixed")
+LOG_FORMATS = ("text", "json")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -23,6 +27,15 @@ class RunOptions:
     tests and demos. ``max_message_bytes``: larger values are dead-lettered.
     ``shutdown_seconds``: how long revoke and shutdown wait for running work.
     ``trace``: a file to append core transitions to (:mod:`htmqc.runtime.trace`).
+
+    Failures: ``max_retries`` retries with full-jitter backoff from ``backoff_ms``
+    capped at ``backoff_max_ms``; ``poison_threshold`` failures of one message
+    within ``poison_window`` seconds send it to ``<topic>.dlq.poison`` at once.
+    Flow: ``flow`` (:data:`FLOWS`), ``min_in_flight``, ``latency_target_ms``
+    (mean handler time above it halves the window), ``max_in_flight_bytes``
+    (value bytes fetched and unfinished). Observability: ``metrics_port`` (serve
+    /metrics, /state, /state.json on ``metrics_host``), ``redis_url`` (mirror the
+    backpressure state into a Redis key), ``log_format`` (:data:`LOG_FORMATS`).
     """
 
     bootstrap: str
@@ -44,3 +57,16 @@ class RunOptions:
     batch_size: int = 1000
     connect_seconds: float = 10.0
     trace: str | None = None
+    max_retries: int = 3
+    backoff_ms: float = 100.0
+    backoff_max_ms: float = 30_000.0
+    poison_threshold: int = 5
+    poison_window: float = 60.0
+    flow: str = "adaptive"
+    min_in_flight: int = 16
+    latency_target_ms: float = 1000.0
+    max_in_flight_bytes: int = 256 * 1024 * 1024
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    redis_url: str | None = None
+    log_format: str = "text"
