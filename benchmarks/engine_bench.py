@@ -30,6 +30,7 @@ from confluent_kafka import Message
 from confluent_kafka import TopicPartition as KafkaTP
 
 from htmqc.core import CONTRACTS_ENABLED
+from htmqc.produce import message_key, message_value
 from htmqc.runtime import Engine, RunOptions
 
 RESULTS = Path(__file__).resolve().parent / "results" / "engine.json"
@@ -39,7 +40,6 @@ BATCH = 1000
 
 def batches(count: int) -> list[list[Message]]:
     """``count`` messages round-robin over the partitions, in consume batches."""
-    value = b"x" * 100
     offsets = [0] * PARTITIONS
     out: list[list[Message]] = []
     for start in range(0, count, BATCH):
@@ -47,8 +47,8 @@ def batches(count: int) -> list[list[Message]]:
         for i in range(start, min(count, start + BATCH)):
             p = (i // 100) % PARTITIONS  # runs of 100 per partition, like a fetch
             batch.append(
-                Message(topic="t", partition=p, offset=offsets[p], key=b"%d" % (i % 1000),
-                        value=value, timestamp=(1, 1_700_000_000_000))
+                Message(topic="t", partition=p, offset=offsets[p], key=message_key(i, 1000),
+                        value=message_value(i, 100), timestamp=(1, 1_700_000_000_000))
             )
             offsets[p] += 1
         out.append(batch)

@@ -38,14 +38,20 @@ def record(msg: Any, tx: Any) -> None:
             f"VALUES ({p}, {p}, {p}, {p}, {p}, {p})"
         )
     key = msg.key()
-    tx.execute(
-        _insert,
-        (
-            parse_id(msg.value()),
-            key.decode() if key is not None else None,
-            msg.partition(),
-            msg.offset(),
-            msg.timestamp()[1],
-            time.time() * 1000.0,
-        ),
-    )
+    try:
+        tx.execute(
+            _insert,
+            (
+                parse_id(msg.value()),
+                key.decode() if key is not None else None,
+                msg.partition(),
+                msg.offset(),
+                msg.timestamp()[1],
+                time.time() * 1000.0,
+            ),
+        )
+    except Exception:
+        # The runtime may have rolled back a scope that held our CREATE TABLE
+        # (another message in it failed): create it again on the next call.
+        _last = None
+        raise

@@ -15,7 +15,9 @@ the loop:
    thread runs in time slices of at most ``_SLICE`` seconds between polls (so
    ``max.poll.interval.ms`` is never exceeded because of a slow handler; only
    one handler call longer than the interval could), committing a full
-   exactly-once transaction in the middle of a batch when it is due;
+   exactly-once transaction in the middle of a batch when it is due; in
+   exactly-once mode each piece runs first in one sink scope and, only if a
+   message in it fails, again one isolated message at a time (:meth:`Engine._run_eo`);
 3. worker reports are drained and turned into ``succeeded_many`` / ``failed``;
    ``RetryAt`` decisions go on a timer heap (only that key is held back),
    ``DeadLetter`` decisions are written by the delivery, then ``dead_lettered``;
@@ -145,6 +147,7 @@ class Engine:
         self.metrics = metrics
         self.lock = threading.RLock()
         self.exactly_once = options.mode == EXACTLY_ONCE
+        self._handler: Callable[..., Any] | None = handler if self.exactly_once else None
         self.sink = sink
         self.eo: ExactlyOnce | None = None
         self.alo: AtLeastOnce | None = None
@@ -529,7 +532,11 @@ class Engine:
             end = min(len(batch), pos + _CHUNK)
             if eo is not None:
                 end = min(end, pos + max(1, self.options.txn_messages - eo.count))
-            lane.run(tp, epoch, batch[pos:end] if pos or end < len(batch) else batch, self)
+            piece = batch[pos:end] if pos or end < len(batch) else batch
+            if eo is not None:
+                self._run_eo(tp, epoch, piece)
+            else:
+                lane.run(tp, epoch, piece, self)
             if end >= len(batch):
                 backlog.popleft()
             else:
@@ -538,6 +545,34 @@ class Engine:
                 self._finish_txn()
             if time.monotonic() >= deadline:
                 return
+
+    def _run_eo(self, tp: TopicPartition, epoch: int, piece: list[Any]) -> None:
+        """Exactly-once: try the whole piece in one sink scope (one savepoint, not one
+        per message: most of the cost of a small handler); if anything in it fails,
+        the scope is undone and the piece runs again one isolated message at a time,
+        so a failure costs a re-run of its piece and nothing else changes."""
+        eo = self.eo
+        assert eo is not None and self._handler is not None
+        txn = eo.current()
+        if not self.lane.holds(tp):
+            handler, handle, limit = self._handler, txn.handle, self.options.max_message_bytes
+
+            def call(msg: Any) -> None:
+                if limit is not None:
+                    _check_size(msg, limit)
+                handler(msg, handle)
+
+            try:
+                with txn.message():
+                    done = self.lane.run_atomic(tp, epoch, piece, call)
+            except Exception:
+                if getattr(txn, "_done", False):
+                    raise TransactionLost() from None
+            else:
+                eo.count += len(done.offsets)
+                self.succeeded(tp, epoch, done)
+                return
+        self.lane.run(tp, epoch, piece, self)
 
     def _report_gaps(self) -> None:
         """Offsets the broker skipped (markers, aborted records) are gaps."""

@@ -151,6 +151,35 @@ class Lane:
                 stamps = [m.timestamp()[1] for m in msgs[::STAMP_EVERY]]
             report.succeeded(tp, epoch, Done(done, clock() - started, nbytes, ticks, stamps))
 
+    def holds(self, tp: TopicPartition) -> bool:
+        """Whether a key of ``tp`` is held (a failed message awaits its retry)."""
+        return any(k[0] == tp for k in self._held)
+
+    def run_atomic(
+        self, tp: TopicPartition, epoch: int, msgs: Sequence[Any], call: Callable[[Any], Any]
+    ) -> Done:
+        """Run ``msgs`` in order with ``call`` and no per-message isolation: the first
+        exception propagates, and the caller's scope (one sink savepoint around the
+        whole run) undoes them all; nothing is reported. The caller then runs the
+        same messages again with :meth:`run`, one isolated message at a time. Only
+        for a partition with no held key (:meth:`holds`)."""
+        clock = time.perf_counter
+        started = clock()
+        ticks: list[float] | None = [started] if self.timed else None
+        tick = ticks.append if ticks is not None else None
+        sized = self.sized
+        done: list[int] = []
+        nbytes = 0
+        for msg in msgs:
+            call(msg)
+            done.append(msg.offset())
+            if tick is not None:
+                tick(clock())
+            if sized:
+                nbytes += len(msg)
+        stamps = [m.timestamp()[1] for m in msgs[::STAMP_EVERY]] if self.timed else None
+        return Done(done, clock() - started, nbytes, ticks, stamps)
+
     def retry(self, tp: TopicPartition, epoch: int, msg: Any, report: Report) -> None:
         """Run the failed ``msg`` again; on success its parked followers run too."""
         started = time.perf_counter()
