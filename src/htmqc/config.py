@@ -58,6 +58,7 @@ FIELDS: dict[str, tuple[type, Any]] = {
     "metrics_host": (str, "127.0.0.1"),
     "redis_url": (str, None),
     "log_format": (str, "text"),
+    "otel": (bool, False),
 }
 REQUIRED = ("bootstrap", "topic", "group")
 
@@ -134,8 +135,25 @@ def from_env(environ: Mapping[str, str]) -> tuple[dict[str, Any], dict[str, str]
     return options, kafka
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _boolean(name: str, value: Any) -> bool | None:
+    """A switch from the CLI (``True``), TOML (a boolean) or the environment (text)."""
+    if value is None or isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE or text in _FALSE:
+        return text in _TRUE
+    flag = "--" + name.replace("_", "-")
+    raise UsageError(f"{flag} must be true or false, got {value!r}", "use true or false")
+
+
 def _coerce(name: str, value: Any) -> Any:
     kind, _default = FIELDS[name]
+    if kind is bool:
+        return _boolean(name, value)
     if value is None or (isinstance(value, kind) and not isinstance(value, bool)):
         return value
     try:

@@ -74,6 +74,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--metrics-host", help="address for --metrics-port (127.0.0.1)")
     p.add_argument("--redis-url", help="mirror backpressure into redis://host:port/db")
     p.add_argument("--log-format", choices=LOG_FORMATS, help="text (default) or json")
+    p.add_argument(
+        "--otel", action="store_true", default=None, help="OpenTelemetry spans (extra: otel)"
+    )
     p.add_argument("--log-level", default="INFO", help="logging level (INFO)")
     p.set_defaults(func=main)
 

@@ -76,6 +76,7 @@ from htmqc.core.poison import PoisonDetector
 from htmqc.core.retry import Permanent, RetryPolicy
 from htmqc.dlq.record import DeadLetterInfo
 from htmqc.errors import RuntimeFailure
+from htmqc.observe.tracing import batch_spans, commit_spans
 from htmqc.runtime.delivery import AtLeastOnce, ExactlyOnce
 from htmqc.runtime.lanes import Done, Lane, LanePool
 from htmqc.runtime.options import EXACTLY_ONCE, RunOptions
@@ -160,11 +161,15 @@ class Engine:
             self.alo = AtLeastOnce(consumer, producer_factory or _no_producer)
             call = self._alo_call(handler)
         timed = metrics is not None
+        span = batch_spans() if options.otel else None
+        self._commit_span = commit_spans(options.mode) if options.otel else None
         threaded = not self.exactly_once and options.workers > 1
         self.pool: LanePool | None = (
-            LanePool(options.workers, call, timed=timed, sized=True) if threaded else None
+            LanePool(options.workers, call, timed=timed, sized=True, span=span)
+            if threaded
+            else None
         )
-        self.lane = Lane(call, timed=timed, sized=True)
+        self.lane = Lane(call, timed=timed, sized=True, span=span)
         #: Inline work not run yet: ``[tp, epoch, batch, next index]`` (no pool).
         self.backlog: deque[list[Any]] = deque()
         low = min(options.min_in_flight, options.max_in_flight)
@@ -602,13 +607,22 @@ class Engine:
         self.alo.drain_acks(self.core)
         if force or now - self._last_commit >= self.options.commit_ms / 1000.0:
             self._last_commit = now
-            self.alo.commit(self.core, self.core.commits(), sync=sync)
+            commits = self.core.commits()
+            if self._commit_span is None or not commits:
+                self.alo.commit(self.core, commits, sync=sync)
+            else:
+                with self._commit_span(len(commits)):
+                    self.alo.commit(self.core, commits, sync=sync)
 
     def _finish_txn(self) -> None:
         assert self.eo is not None
         started = time.perf_counter()
         try:
-            self.eo.finish(self.core)
+            if self._commit_span is None:
+                self.eo.finish(self.core)
+            else:
+                with self._commit_span(len(self.eo.fences)):
+                    self.eo.finish(self.core)
         except Fenced as exc:
             self._fenced(exc)
             return

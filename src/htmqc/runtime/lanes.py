@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from htmqc.core.decisions import TopicPartition
+from htmqc.observe.tracing import BatchSpan
 
 #: A held key: the partition and the message key (``None`` for keyless messages).
 HeldKey = tuple[TopicPartition, Any]
@@ -99,10 +100,18 @@ class Lane:
     unless needed.
     """
 
-    def __init__(self, call: Callable[[Any], Any], *, timed: bool = False, sized: bool = False):
+    def __init__(
+        self,
+        call: Callable[[Any], Any],
+        *,
+        timed: bool = False,
+        sized: bool = False,
+        span: BatchSpan | None = None,
+    ):
         self.call = call
         self.timed = timed
         self.sized = sized
+        self.span = span
         self._held: dict[HeldKey, deque[tuple[int, Any]]] = {}
 
     @property
@@ -111,7 +120,15 @@ class Lane:
         return sum(len(q) for q in self._held.values())
 
     def run(self, tp: TopicPartition, epoch: int, msgs: Sequence[Any], report: Report) -> None:
-        """Run ``msgs`` (all of ``tp``, epoch ``epoch``) in order."""
+        """Run ``msgs`` (all of ``tp``, epoch ``epoch``) in order (inside a tracing
+        span when the lane has one)."""
+        if self.span is None:
+            self._run(tp, epoch, msgs, report)
+        else:
+            with self.span(tp, msgs):
+                self._run(tp, epoch, msgs, report)
+
+    def _run(self, tp: TopicPartition, epoch: int, msgs: Sequence[Any], report: Report) -> None:
         call = self.call
         held = self._held
         clock = time.perf_counter
@@ -253,12 +270,13 @@ class LanePool:
         *,
         timed: bool = False,
         sized: bool = False,
+        span: BatchSpan | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         self.completions: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
         self._report = QueueReport(self.completions)
-        self._lanes = [Lane(call, timed=timed, sized=sized) for _ in range(workers)]
+        self._lanes = [Lane(call, timed=timed, sized=sized, span=span) for _ in range(workers)]
         self._inbox: list[queue.SimpleQueue[tuple[Any, ...] | None]] = [
             queue.SimpleQueue() for _ in range(workers)
         ]

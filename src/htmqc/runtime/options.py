@@ -35,7 +35,8 @@ class RunOptions:
     (mean handler time above it halves the window), ``max_in_flight_bytes``
     (value bytes fetched and unfinished). Observability: ``metrics_port`` (serve
     /metrics, /state, /state.json on ``metrics_host``), ``redis_url`` (mirror the
-    backpressure state into a Redis key), ``log_format`` (:data:`LOG_FORMATS`).
+    backpressure state into a Redis key), ``log_format`` (:data:`LOG_FORMATS`),
+    ``otel`` (OpenTelemetry spans per batch and commit: :mod:`htmqc.observe.tracing`).
     """
 
     bootstrap: str
@@ -70,3 +71,4 @@ class RunOptions:
     metrics_host: str = "127.0.0.1"
     redis_url: str | None = None
     log_format: str = "text"
+    otel: bool = False
