@@ -37,6 +37,7 @@ from htmqc.broker import create_topic, start_broker
 from htmqc.core import CONTRACTS_ENABLED
 from htmqc.kafka_defaults import consumer_config
 from htmqc.produce import produce
+from htmqc.progress import progress
 from htmqc.runtime import RunOptions, build_engine
 
 RESULTS = Path(__file__).resolve().parent / "results" / "runtime.json"
@@ -192,11 +193,13 @@ def main(argv: list[str] | None = None) -> int:
                 sink="kafka:bench-out",
             ),
         }
-        for r in range(args.rounds):
-            for name, run in variants.items():
-                rate = run(r)
-                runs.setdefault(name, []).append(rate)
-                print(f"round {r + 1} {name:<24} {rate:>10,.0f} msg/s", flush=True)
+        with progress(args.rounds * len(variants), "benchmark runs") as advance:
+            for r in range(args.rounds):
+                for name, run in variants.items():
+                    rate = run(r)
+                    runs.setdefault(name, []).append(rate)
+                    print(f"round {r + 1} {name:<24} {rate:>10,.0f} msg/s", flush=True)
+                    advance(1)
     medians = {k: statistics.median(v) for k, v in runs.items()}
     results["msg_per_s"] = medians
     raw = medians["raw_loop"]

@@ -28,19 +28,17 @@ aborted records that reached the broker.
 
 from __future__ import annotations
 
-import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from htmqc.broker import create_topic, wait_reachable
 from htmqc.errors import RuntimeFailure, UsageError
 from htmqc.kafka_defaults import producer_config
+from htmqc.progress import progress as show_progress
 
 ID_WIDTH = 12
 ID_HEADER = "htmqc-id"
@@ -98,41 +96,6 @@ def validate(count: int, keys: int, size: int, start_id: int, abort_every: int) 
         raise UsageError(
             f"--abort-every must be 0 or more, got {abort_every}", "pass 0 to abort nothing"
         )
-
-
-class _Progress:
-    """A rich progress bar on a TTY, a plain line every ~10% otherwise."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total = total
-        self.enabled = enabled
-        self.done = 0
-        self._next_line = total // 10
-        self._bar: Any = None
-        self._task: Any = None
-
-    @contextmanager
-    def running(self) -> Iterator[_Progress]:
-        if self.enabled and sys.stderr.isatty():
-            from rich.progress import Progress
-
-            with Progress(transient=True) as bar:
-                self._bar = bar
-                self._task = bar.add_task("producing", total=self.total)
-                yield self
-                self._bar = None
-        else:
-            yield self
-
-    def advance(self, n: int) -> None:
-        self.done += n
-        if not self.enabled:
-            return
-        if self._bar is not None:
-            self._bar.update(self._task, completed=self.done)
-        elif self.done >= self._next_line or self.done == self.total:
-            print(f"produced {self.done}/{self.total}", file=sys.stderr, flush=True)
-            self._next_line = self.done + max(1, self.total // 10)
 
 
 DeliveryCallback = Callable[[KafkaError | None, Message], None]
@@ -225,16 +188,15 @@ def produce(
     overrides = _TRANSACTIONAL_TIMING if transactional else None
     producer = Producer(producer_config(bootstrap, overrides, transactional_id=tx_id))
     aborted: list[int] = []
-    meter = _Progress(count, progress)
     started = time.perf_counter()
     try:
-        with meter.running():
+        with show_progress(count, "produced", enabled=progress) as advance:
             if not transactional:
                 step = 10_000
                 for low in range(start_id, start_id + count, step):
                     ids = range(low, min(low + step, start_id + count))
                     _send(producer, topic, ids, keys, size, on_delivery)
-                    meter.advance(len(ids))
+                    advance(len(ids))
                 _flush(producer, flush_timeout)
             else:
                 producer.init_transactions(flush_timeout)
@@ -249,7 +211,7 @@ def produce(
                     else:
                         _send(producer, topic, ids, keys, size, on_delivery)
                         producer.commit_transaction(flush_timeout)
-                    meter.advance(len(ids))
+                    advance(len(ids))
     except KafkaException as exc:
         err = exc.args[0] if exc.args else exc
         text = err.str() if isinstance(err, KafkaError) else str(err)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from htmqc.errors import RuntimeFailure, UsageError
-from htmqc.replay.run import progress_bar
+from htmqc.progress import progress as show_progress
 from htmqc.replay.segment import PartitionRange, SegmentWriter
 
 
@@ -201,7 +201,7 @@ def _read(
         total += (target if target is not None else highs[p]) - seen[p]
     deadline = time.monotonic() + timeout
     last_record = time.monotonic()
-    with progress_bar(total, progress, "capturing") as advance:
+    with show_progress(total, "captured", enabled=progress) as advance:
         while todo:
             if time.monotonic() > deadline:
                 left = ", ".join(str(p) for p in sorted(todo))

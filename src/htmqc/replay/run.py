@@ -25,15 +25,14 @@ idle for a short virtual while.
 from __future__ import annotations
 
 import math
-import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from htmqc.errors import UsageError
+from htmqc.progress import progress as show_progress
 from htmqc.replay.consumer import SegmentConsumer
 from htmqc.replay.faults import FaultSchedule
 from htmqc.replay.segment import SegmentReader
@@ -125,19 +124,6 @@ class ReplayReport:
         return line
 
 
-@contextmanager
-def progress_bar(total: int, enabled: bool, label: str) -> Iterator[Callable[[int], None]]:
-    """``advance(n)`` for a rich progress bar on a TTY stderr; a no-op otherwise."""
-    if not (enabled and sys.stderr.isatty()):
-        yield lambda n: None
-        return
-    from rich.progress import Progress
-
-    with Progress(transient=True) as bar:
-        task = bar.add_task(label, total=total)
-        yield lambda n: bar.advance(task, n)
-
-
 def replay(
     path: str | Path,
     handler: Callable[..., Any],
@@ -200,7 +186,7 @@ def replay(
     dead = LocalDeadLetters()
     started = time.perf_counter()
     try:
-        with progress_bar(len(reader), progress, "replaying") as advance:
+        with show_progress(len(reader), "replayed", enabled=progress) as advance:
             consumer = SegmentConsumer(reader, on_progress=advance)
             engine = ReplayEngine(
                 handler,
