@@ -59,6 +59,8 @@ FIELDS: dict[str, tuple[type, Any]] = {
     "redis_url": (str, None),
     "log_format": (str, "text"),
     "otel": (bool, False),
+    "retry_topic": (bool, False),
+    "retry_topic_ms": (float, 5000.0),
 }
 REQUIRED = ("bootstrap", "topic", "group")
 

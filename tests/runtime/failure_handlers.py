@@ -43,3 +43,18 @@ def flaky_record(msg: Any, tx: Any) -> None:
     if _FLAKY and ident % _FLAKY == 0 and ident not in _tried:
         _tried.add(ident)
         raise Retryable(f"transient sink error on {ident}")
+
+
+def fail_twice_then_log(msg: Any) -> None:
+    """At-least-once: ids in ``HTMQC_TEST_POISON`` fail on their first two attempts
+    (counted by the retry topic's attempt header); id ``HTMQC_TEST_HOPELESS`` always
+    fails. Successes append ``id topic handled_ms retry_after_ms`` to ``$HTMQC_TEST_OUT``."""
+    from htmqc.runtime.retry_topic import prior_attempts, retry_after_ms
+
+    ident = parse_id(msg.value())
+    if ident == int(os.environ.get("HTMQC_TEST_HOPELESS", "-1")):
+        raise ValueError(f"{ident} never works")
+    if ident in _POISON and prior_attempts(msg) < 2:
+        raise ValueError(f"{ident} not yet")
+    with open(os.environ["HTMQC_TEST_OUT"], "a") as out:
+        out.write(f"{ident} {msg.topic()} {time.time() * 1000:.0f} {retry_after_ms(msg)}\n")

@@ -62,6 +62,15 @@ def register(subparsers: Any) -> None:
         "--poison-threshold", type=int, help="failures within --poison-window that make poison (5)"
     )
     p.add_argument("--poison-window", type=float, metavar="SECONDS", help="(60)")
+    p.add_argument(
+        "--retry-topic",
+        action="store_true",
+        default=None,
+        help="long backoffs wait in <topic>.retry, freeing the partition (breaks per-key order)",
+    )
+    p.add_argument(
+        "--retry-topic-ms", type=float, help="shortest backoff sent to the retry topic (5000)"
+    )
     p.add_argument("--flow", choices=FLOWS, help="in-flight window: adaptive (AIMD) or fixed")
     p.add_argument("--min-in-flight", type=int, help="smallest adaptive window (16)")
     p.add_argument(

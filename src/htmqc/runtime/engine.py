@@ -80,6 +80,7 @@ from htmqc.observe.tracing import batch_spans, commit_spans
 from htmqc.runtime.delivery import AtLeastOnce, ExactlyOnce
 from htmqc.runtime.lanes import Done, Lane, LanePool
 from htmqc.runtime.options import EXACTLY_ONCE, RunOptions
+from htmqc.runtime.retry_topic import prior_attempts, retry_after_ms, retry_headers, retry_topic
 from htmqc.runtime.trace import TracingCore
 from htmqc.sinks import Fenced, Sink
 from htmqc.sinks.encoding import decode_metadata
@@ -138,6 +139,14 @@ class Engine:
                 base_delay=options.backoff_ms / 1000.0,
                 max_delay=options.backoff_max_ms / 1000.0,
             )
+        self.retry_policy = retry
+        self.retry_topic = retry_topic(options.topic) if options.retry_topic else None
+        #: Retry-topic partitions paused until a record's due time (unix seconds).
+        self._waiting: dict[TopicPartition, float] = {}
+        self._producer_factory = producer_factory or _no_producer
+        self._forward_producer: Any = None
+        #: Messages moved to the retry topic (tests).
+        self.retries_forwarded = 0
         self.core = (
             TracingCore(open(options.trace, "a", encoding="utf-8"), retry)  # noqa: SIM115
             if options.trace
@@ -368,7 +377,22 @@ class Engine:
             if poison or too_large or not isinstance(exc, Exception)
             else classify(exc)
         )
-        decision = self.core.failed(tp, epoch, offset, kind, wall, self.rng.random())
+        jitter = self.rng.random()
+        # The retry topic (module htmqc.runtime.retry_topic): decide before the core
+        # does, and if the message leaves, tell the core it failed for good here.
+        prior = prior_attempts(msg) if tp[0] == self.retry_topic else 0
+        attempts = self.core.tracker(tp).failures(offset) + 1 + prior
+        hand_off: float | None = None
+        over_budget = False
+        if self.retry_topic is not None and kind is not FailureKind.PERMANENT:
+            if attempts > self.retry_policy.max_retries:
+                over_budget = prior > 0
+            else:
+                delay = self.retry_policy.delay(attempts, jitter)
+                if prior or delay >= self.options.retry_topic_ms / 1000.0:
+                    hand_off = wall + delay
+        core_kind = FailureKind.PERMANENT if hand_off is not None or over_budget else kind
+        decision = self.core.failed(tp, epoch, offset, core_kind, wall, jitter)
         if decision is None:
             return
         self._iv_errors += 1
@@ -390,31 +414,91 @@ class Engine:
             delay = max(0.0, decision.at - wall)
             heapq.heappush(self._timers, (self.clock() + delay, self._seq, tp, epoch, msg))
             return
+        if hand_off is not None:
+            self._to_retry_topic(decision, msg, attempts, hand_off, first)
+            return
         if too_large:
             dlq_kind = "too_large"
         elif poison:
             dlq_kind = "poison"
         else:
-            dlq_kind = "permanent" if decision.permanent else "failed"
+            dlq_kind = "permanent" if kind is FailureKind.PERMANENT else "failed"
         info = DeadLetterInfo(
             kind=dlq_kind,
             error_class=f"{type(exc).__module__}.{type(exc).__qualname__}",
             error_message=str(exc),
             stack="".join(traceback.format_exception(exc))[-8000:],
-            retries=decision.attempts - 1,
+            retries=attempts - 1,
             first_failure_at=first,
             last_failure_at=wall,
             group=self.options.group,
         )
         self._dead_letter(decision, msg, info)
 
+    def _to_retry_topic(
+        self, decision: DeadLetter, msg: Any, attempts: int, due: float, first: float
+    ) -> None:
+        """Move ``msg`` to the retry topic; for its partition it is finished."""
+        assert self.retry_topic is not None
+        headers = retry_headers(
+            msg, attempt=attempts, due_ms=int(due * 1000), first_failure_ms=int(first * 1000)
+        )
+        self._forward(self.retry_topic, msg, headers)
+        tp, epoch = decision.tp, decision.epoch
+        self._forget_failure(tp, msg.offset())
+        if self.core.dead_lettered(tp, epoch, msg.offset()):
+            self.in_flight -= 1
+            self.in_flight_bytes -= len(msg)
+            self.finished += 1
+            self.retries_forwarded += 1
+            if self.metrics is not None:
+                self.metrics.retried()
+        self._release(tp, msg.key())
+
+    def _forward(self, topic: str, msg: Any, headers: list[tuple[str, bytes]]) -> None:
+        """Write ``msg`` (value, key, ``headers``) to ``topic``: in the open sink
+        transaction (exactly-once Kafka->Kafka), else with a producer, waiting for
+        the broker's ack (so the offset is never finished before its copy exists).
+
+        :raises RuntimeFailure: the broker did not take it.
+        """
+        if self.eo is not None:
+            txn = self.eo.current()
+            with txn.message():
+                txn.handle.send(topic, msg.value(), key=msg.key(), headers=headers)
+            return
+        if self._forward_producer is None:
+            self._forward_producer = self._producer_factory()
+        producer = self._forward_producer
+        errors: list[Any] = []
+        producer.produce(
+            topic,
+            value=msg.value(),
+            key=msg.key(),
+            headers=headers,
+            on_delivery=lambda err, _m: errors.append(err) if err is not None else None,
+        )
+        if producer.flush(30) or errors:
+            raise RuntimeFailure(
+                f"could not write to {topic}: {errors[0] if errors else 'timed out'}",
+                f"check that the topic {topic} exists and the broker is up",
+            )
+
+    def _release(self, tp: TopicPartition, key: Any) -> None:
+        """Let the messages parked behind ``key``'s finished message run."""
+        if self.pool is not None:
+            self.pool.release(tp, key)
+        else:
+            self.lane.release(tp, key, self)
+
     def _dead_letter(self, decision: DeadLetter, msg: Any, info: DeadLetterInfo) -> None:
         tp, epoch = decision.tp, decision.epoch
+        # Dead letters of the retry topic's records go to the main topic's DLQ.
         if self.eo is not None:
-            self.eo.dead_letter(tp[0], msg, info)
+            self.eo.dead_letter(self.options.topic, msg, info)
         else:
             assert self.alo is not None
-            self.alo.dead_letter(tp[0], msg, info)
+            self.alo.dead_letter(self.options.topic, msg, info)
         self._forget_failure(tp, msg.offset())
         if self.core.dead_lettered(tp, epoch, msg.offset()):
             self.in_flight -= 1
@@ -429,14 +513,11 @@ class Engine:
             tp[0],
             tp[1],
             msg.offset(),
-            info.target(tp[0]),
+            info.target(self.options.topic),
             info.kind,
             extra={"topic": tp[0], "partition": tp[1], "offset": msg.offset()},
         )
-        if self.pool is not None:
-            self.pool.release(tp, msg.key())
-        else:
-            self.lane.release(tp, msg.key(), self)
+        self._release(tp, msg.key())
 
     def _drain_completions(self) -> None:
         if self.pool is None:
@@ -489,6 +570,10 @@ class Engine:
             epoch = core.epoch(tp)
             if epoch is None or tp in self.fenced or core.tracker(tp).draining:
                 continue
+            if tp[0] == self.retry_topic:
+                batch = self._due_prefix(tp, batch)
+                if not batch:
+                    continue
             offsets = [m.offset() for m in batch]
             if offsets[0] < core.tracker(tp).next:
                 # Buffered before a seek: already covered by this assignment.
@@ -516,6 +601,36 @@ class Engine:
             self.peak_in_flight = self.in_flight
         if self.in_flight_bytes > self.peak_in_flight_bytes:
             self.peak_in_flight_bytes = self.in_flight_bytes
+
+    def _due_prefix(self, tp: TopicPartition, batch: list[Any]) -> list[Any]:
+        """The retry-topic records of ``batch`` whose time has come, up to the first
+        that has not: from that one on, the partition is rewound and paused until
+        it is due (:meth:`_wake_retries`)."""
+        from confluent_kafka import TopicPartition as KafkaTP
+
+        now_ms = time.time() * 1000.0
+        for i, msg in enumerate(batch):
+            due_ms = retry_after_ms(msg)
+            if due_ms > now_ms:
+                kafka_tp = KafkaTP(tp[0], tp[1], msg.offset())
+                self.consumer.pause([kafka_tp])
+                self.consumer.seek(kafka_tp)
+                self._waiting[tp] = due_ms / 1000.0
+                return batch[:i]
+        return batch
+
+    def _wake_retries(self) -> None:
+        """Resume retry-topic partitions whose next record is due (unless flow
+        control holds everything paused; it resumes them itself)."""
+        from confluent_kafka import TopicPartition as KafkaTP
+
+        now = time.time()
+        due = [tp for tp, at in self._waiting.items() if at <= now]
+        for tp in due:
+            del self._waiting[tp]
+        parts = [KafkaTP(t, p) for t, p in due if (t, p) in self.assigned]
+        if parts and not self.paused:
+            self.consumer.resume(parts)
 
     def run_backlog(self, budget: float = _SLICE) -> None:
         """Run inline work for at most about ``budget`` seconds (see module docs).
@@ -767,6 +882,7 @@ class Engine:
                 self._drop_lanes(tp)
                 self.assigned.discard(tp)
                 self.fenced.discard(tp)
+                self._waiting.pop(tp, None)
             self._recount()
         log.info("%s %s", "lost" if lost else "revoked", ", ".join(f"{t}/{p}" for t, p in tps))
         consumer.incremental_unassign(partitions)
@@ -801,7 +917,11 @@ class Engine:
         if pause == self.paused:
             return
         self.paused = pause
-        parts = [KafkaTP(t, p) for t, p in self.assigned if (t, p) not in self.fenced]
+        parts = [
+            KafkaTP(t, p)
+            for t, p in self.assigned
+            if (t, p) not in self.fenced and (t, p) not in self._waiting
+        ]
         if not parts:
             return
         if pause:
@@ -819,7 +939,8 @@ class Engine:
         o = self.options
         if o.max_messages is not None and self.finished >= o.max_messages:
             return True
-        if o.idle_exit is not None and self.in_flight <= 0 and not self._timers:
+        idle = self.in_flight <= 0 and not self._timers and not self._waiting
+        if o.idle_exit is not None and idle:
             # Before the first assignment, allow for the group join.
             grace = 0.0 if self._ever_assigned else _JOIN_GRACE
             return self.clock() - self._last_message >= o.idle_exit + grace
@@ -833,8 +954,11 @@ class Engine:
         try:
             if self.sink is not None and hasattr(self.sink, "bind"):
                 self.sink.bind(consumer)
+            topics = [self.options.topic]
+            if self.retry_topic is not None:
+                topics.append(self.retry_topic)
             consumer.subscribe(
-                [self.options.topic],
+                topics,
                 on_assign=self.on_assign,
                 on_revoke=self.on_revoke,
                 on_lost=self.on_lost,
@@ -852,6 +976,8 @@ class Engine:
                         self.dispatch(msgs)
                     if self._timers:
                         self._fire_timers()
+                    if self._waiting:
+                        self._wake_retries()
                     if self.backlog:
                         self.run_backlog()
                     now = self.clock()

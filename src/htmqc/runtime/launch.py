@@ -14,9 +14,11 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from htmqc.dlq.record import dlq_topic, poison_topic
 from htmqc.errors import RuntimeFailure, UsageError
 from htmqc.runtime.engine import Engine
 from htmqc.runtime.options import EXACTLY_ONCE, RunOptions
+from htmqc.runtime.retry_topic import retry_topic
 
 if TYPE_CHECKING:
     from htmqc.observe import Metrics
@@ -111,6 +113,13 @@ def build_engine(
             "exactly-once needs a sink",
             "pass --sink sqlite:///PATH (or postgresql://, kafka:TOPIC)",
         )
+    if options.retry_topic and options.mode == EXACTLY_ONCE and not (
+        options.sink or ""
+    ).startswith("kafka:"):
+        raise UsageError(
+            "--retry-topic with a database sink cannot move a message atomically",
+            "use at-least-once or a kafka: sink, or drop --retry-topic",
+        )
     sink = None
     if options.mode == EXACTLY_ONCE:
         assert options.sink is not None
@@ -120,6 +129,8 @@ def build_engine(
             kafka_config=producer_overrides(options.kafka_config),
         )
     check_topic(options.bootstrap, options.topic, options.create_topic, options.connect_seconds)
+    if options.retry_topic:
+        _ensure_topic(options.bootstrap, retry_topic(options.topic))
     if sink is not None:
         sink.open(options.group)
     engine: list[Engine] = []
@@ -134,15 +145,9 @@ def build_engine(
         ) from None
 
     def producer() -> Any:
-        """The dead-letter producer; the DLQ topic is created if missing."""
-        from htmqc.broker import create_topic
-        from htmqc.errors import HtmqcError
-        from htmqc.runtime.delivery import dlq_topic
-
-        try:
-            create_topic(options.bootstrap, dlq_topic(options.topic), 1)
-        except HtmqcError as exc:  # exists with other partitions: fine; else say so
-            log.debug("dead-letter topic: %s", exc.line())
+        """The dead-letter (and retry-topic) producer; its topics are created if missing."""
+        for name in (dlq_topic(options.topic), poison_topic(options.topic)):
+            _ensure_topic(options.bootstrap, name)
         return Producer(
             producer_config(options.bootstrap, producer_overrides(options.kafka_config))
         )
@@ -151,6 +156,17 @@ def build_engine(
         Engine(handler, options, consumer, sink=sink, producer_factory=producer, metrics=metrics)
     )
     return engine[0]
+
+
+def _ensure_topic(bootstrap: str, name: str) -> None:
+    """Create ``name`` (one partition) unless it exists."""
+    from htmqc.broker import create_topic
+    from htmqc.errors import HtmqcError
+
+    try:
+        create_topic(bootstrap, name, 1)
+    except HtmqcError as exc:  # exists already (maybe with other partitions): fine
+        log.debug("topic %s: %s", name, exc.line())
 
 
 #: librdkafka consumer-only settings that a producer refuses.

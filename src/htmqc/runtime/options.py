@@ -31,6 +31,8 @@ class RunOptions:
     Failures: ``max_retries`` retries with full-jitter backoff from ``backoff_ms``
     capped at ``backoff_max_ms``; ``poison_threshold`` failures of one message
     within ``poison_window`` seconds send it to ``<topic>.dlq.poison`` at once.
+    ``retry_topic``: backoffs of at least ``retry_topic_ms`` wait in
+    ``<topic>.retry`` instead of in memory (:mod:`htmqc.runtime.retry_topic`).
     Flow: ``flow`` (:data:`FLOWS`), ``min_in_flight``, ``latency_target_ms``
     (mean handler time above it halves the window), ``max_in_flight_bytes``
     (value bytes fetched and unfinished). Observability: ``metrics_port`` (serve
@@ -72,3 +74,5 @@ class RunOptions:
     redis_url: str | None = None
     log_format: str = "text"
     otel: bool = False
+    retry_topic: bool = False
+    retry_topic_ms: float = 5000.0
