@@ -68,7 +68,9 @@ verify-long: setup ## longer formal runs: TLC medium models, thorough Hypothesis
 bench: setup ## benchmarks; results go to benchmarks/results/
 	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.core_bench --contracts off
 	HTMQC_CONTRACTS=1 $(PY) -m benchmarks.core_bench --contracts on
+	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.engine_bench
 	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.runtime_bench
+	PYSPARK_PYTHON=$(abspath $(PY)) SPARK_LOCAL_IP=127.0.0.1 $(PY) -m benchmarks.audit_bench --rows 10000000
 
 # The peers pin their own librdkafka (quixstreams wants confluent-kafka < 2.13), so they
 # get a venv of their own; htmqc and the raw loop run in it too, for a fair comparison.

@@ -143,17 +143,21 @@ def main(argv: list[str] | None = None) -> int:
         runs["metrics_on"].append(engine_us(batches(args.count), args.count, Metrics()))
         print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.3f} µs/msg" for k, v in runs.items()),
               flush=True)
-    med = {k: statistics.median(v) for k, v in runs.items()}
+    # The minimum is the figure least disturbed by other work on a shared box.
+    best = {k: min(v) for k, v in runs.items()}
     result = {
         "count": args.count,
         "rounds": args.rounds,
         "contracts": CONTRACTS_ENABLED,
-        "us_per_msg": med,
+        "us_per_msg_best": best,
+        "us_per_msg_median": {k: statistics.median(v) for k, v in runs.items()},
         "runs": runs,
-        "metrics_overhead": round(med["metrics_on"] / med["metrics_off"] - 1, 4),
+        "metrics_us_per_msg": round(best["metrics_on"] - best["metrics_off"], 4),
+        "metrics_overhead_of_engine": round(best["metrics_on"] / best["metrics_off"] - 1, 4),
     }
-    print(json.dumps({"us_per_msg": {k: round(v, 3) for k, v in med.items()},
-                      "metrics_overhead": result["metrics_overhead"]}))
+    print(json.dumps({"us_per_msg_best": {k: round(v, 3) for k, v in best.items()},
+                      "metrics_us_per_msg": result["metrics_us_per_msg"],
+                      "metrics_overhead_of_engine": result["metrics_overhead_of_engine"]}))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     return 0

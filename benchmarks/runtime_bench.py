@@ -132,6 +132,48 @@ def htmqc_rate(
     return count / (engine.stopped_at - engine.first_message_at)
 
 
+CHART = RESULTS.with_name("runtime.png")
+_LABELS = {
+    "raw_loop": "raw loop (limit)",
+    "raw_sqlite": "raw loop + SQLite handler (limit)",
+    "at_least_once": "htmqc at-least-once",
+    "at_least_once_metrics": "htmqc at-least-once + metrics",
+    "exactly_once_sqlite": "htmqc exactly-once SQLite",
+    "exactly_once_kafka": "htmqc exactly-once Kafka->Kafka",
+}
+
+
+def chart(results: dict[str, Any], path: Path = CHART) -> Path:
+    """Horizontal bars of the median msg/s, each labelled with its ratio to the raw
+    loop (and, for exactly-once SQLite, to the raw SQLite loop)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates = results["msg_per_s"]
+    names = [n for n in _LABELS if n in rates]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(names) + 1.4))
+    bars = ax.barh(range(len(names)), [rates[n] for n in names], color="#4c72b0")
+    raw = rates["raw_loop"]
+    for name, bar in zip(names, bars, strict=True):
+        label = f" {rates[name]:,.0f}  ({rates[name] / raw:.2f}x raw"
+        if name == "exactly_once_sqlite" and "raw_sqlite" in rates:
+            label += f", {rates[name] / rates['raw_sqlite']:.2f}x raw SQLite"
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, label + ")",
+                va="center", fontsize=8)
+    ax.set_yticks(range(len(names)), [_LABELS[n] for n in names], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(rates.values()) * 1.6)
+    ax.set_xlabel(f"msg/s, median of {results['rounds']} interleaved rounds")
+    ax.set_title(f"htmqc runtime, {results['count']:,} x {results['size']} B, "
+                 f"{results['partitions']} partitions, bundled broker")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run every variant ``--rounds`` times, interleaved; print and store the medians."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -214,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_to_raw", "exactly_once_sqlite_to_raw_sqlite", "metrics_overhead")}))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"chart: {chart(results)}")
     return 0
 
 
