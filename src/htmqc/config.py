@@ -10,16 +10,33 @@ and librdkafka settings under ``[kafka]``.
 Secrets: any librdkafka key that looks secret (``password``, ``secret``,
 ``key``, ``token``, ``credentials``...) is shown as ``***`` by :func:`redacted`,
 and URL passwords by :func:`htmqc.sinks.redact_url`; errors name keys, never values.
+:func:`resolve` also hands every such value, and the passwords of the sink
+and Redis URLs, to :func:`htmqc.secrets.remember` before it validates anything,
+so :func:`htmqc.secrets.scrub` masks them in any text that leaves the process
+(:func:`remember_secrets`).
+
+Validation (:func:`resolve`, each problem one :class:`~htmqc.errors.UsageError`
+line, exit code 2): every number has a type (a TOML ``true`` or ``2.5`` is
+not an integer; NaN and infinity are refused) and the bounds of
+:data:`LIMITS` (no zero or negative sizes, no 100000 workers); text options
+are non-empty single lines without control characters; TOML files may hold
+only ``[run]``, ``[kafka]`` and the option names, and ``[kafka]`` values must
+be scalars. Unknown ``HTMQC_*`` variables are ignored (other tools use the
+prefix); unknown librdkafka keys are refused by librdkafka when the client is
+created.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
 
+from htmqc import secrets
 from htmqc.errors import UsageError
 from htmqc.runtime.options import MODES, RunOptions
 
@@ -64,6 +81,42 @@ FIELDS: dict[str, tuple[type, Any]] = {
 }
 REQUIRED = ("bootstrap", "topic", "group")
 
+#: option -> (lowest, highest, lowest allowed itself). Anything outside is
+#: refused at start: zero or negative sizes, absurd counts (100000 threads).
+LIMITS: dict[str, tuple[float, float, bool]] = {
+    "workers": (0, 1024, True),
+    "max_in_flight": (1, 10_000_000, True),
+    "min_in_flight": (1, 10_000_000, True),
+    "txn_messages": (1, 10_000_000, True),
+    "txn_ms": (0, 86_400_000, False),
+    "commit_ms": (0, 86_400_000, False),
+    "create_topic": (1, 10_000, True),
+    "max_messages": (1, 2**63 - 1, True),
+    "idle_exit": (0, 31_536_000, False),
+    "max_message_bytes": (1, 2**31 - 1, True),
+    "shutdown_seconds": (0, 86_400, True),
+    "batch_size": (1, 1_000_000, True),
+    "connect_seconds": (0, 86_400, False),
+    "max_retries": (0, 1_000_000, True),
+    "backoff_ms": (0, 86_400_000, True),
+    "backoff_max_ms": (0, 86_400_000, True),
+    "poison_threshold": (1, 1_000_000, True),
+    "poison_window": (0, 31_536_000, False),
+    "latency_target_ms": (0, 86_400_000, False),
+    "max_in_flight_bytes": (1, 2**40, True),
+    "metrics_port": (0, 65_535, True),
+    "retry_topic_ms": (0, 86_400_000, True),
+}
+#: Text options: at most this many characters, one line, no control characters.
+MAX_TEXT = 4096
+#: A ``--config`` file larger than this is refused before it is parsed.
+MAX_CONFIG_BYTES = 1024 * 1024
+_CHOICES = {"flow": ("adaptive", "fixed"), "log_format": ("text", "json")}
+#: Values of secret-looking keys that are settings, not secrets (never remembered:
+#: masking "true" would break JSON output).
+_NOT_SECRET_VALUES = frozenset({"true", "false", "none", "plain", "ssl", "https"})
+_NOT_SECRET_KEY_PARTS = (".location", ".mechanism", ".algorithm", ".method", "enable.")
+
 
 def is_secret(key: str) -> bool:
     """Whether a librdkafka key may hold a secret."""
@@ -76,6 +129,49 @@ def redacted(config: Mapping[str, Any]) -> dict[str, Any]:
     return {k: ("***" if is_secret(k) else v) for k, v in config.items()}
 
 
+def url_passwords(url: str) -> list[str]:
+    """The passwords a URL carries: ``user:PASSWORD@`` and ``password=`` /
+    ``sslpassword=`` parameters, each raw and percent-decoded. Never raises."""
+    found: list[str] = []
+    try:
+        parts = urlsplit(url)
+        if parts.password:
+            found += [parts.password, unquote(parts.password)]
+        for key, value in parse_qsl(parts.query, keep_blank_values=True):
+            if key.lower().endswith("password") and value:
+                found.append(value)
+    except ValueError:
+        pass
+    # userinfo by hand as well: urlsplit gives up on some malformed URLs.
+    _scheme, sep, rest = url.partition("://")
+    if sep:
+        userinfo = rest.split("/", 1)[0].rpartition("@")[0]
+        if ":" in userinfo:
+            password = userinfo.split(":", 1)[1]
+            found += [password, unquote(password)]
+    return [p for p in dict.fromkeys(found) if p]
+
+
+def remember_secrets(kafka: Mapping[str, Any], urls: Iterable[str | None] = ()) -> None:
+    """:func:`htmqc.secrets.remember` every secret in ``kafka`` and ``urls``.
+
+    A librdkafka value is a secret when its key :func:`is_secret` (except
+    switches, file locations and algorithm names such as ``ssl.key.location``
+    or ``sasl.mechanism``); a URL's secrets are its :func:`url_passwords`.
+    """
+    for key, value in kafka.items():
+        lower = str(key).lower()
+        if not is_secret(lower) or any(part in lower for part in _NOT_SECRET_KEY_PARTS):
+            continue
+        if isinstance(value, bool) or str(value).strip().lower() in _NOT_SECRET_VALUES:
+            continue
+        secrets.remember(str(value))
+        secrets.remember(str(value).strip())
+    for url in urls:
+        for password in url_passwords(url or ""):
+            secrets.remember(password)
+
+
 def parse_pairs(pairs: list[str] | str, where: str) -> dict[str, str]:
     """``key=value`` items (a list, or one comma-separated string) as a dict."""
     items = pairs.split(",") if isinstance(pairs, str) else pairs
@@ -85,8 +181,10 @@ def parse_pairs(pairs: list[str] | str, where: str) -> dict[str, str]:
             continue
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
+            # Never quote a malformed item that may hold a secret ("sasl.password:x").
+            shown = "a secret-looking item" if is_secret(item) else repr(item.strip()[:80])
             raise UsageError(
-                f"{where}: {key.strip() or item!r} is not key=value",
+                f"{where}: {shown} is not key=value",
                 "write librdkafka settings as key=value, e.g. fetch.wait.max.ms=50",
             )
         out[key.strip()] = value.strip()
@@ -96,26 +194,52 @@ def parse_pairs(pairs: list[str] | str, where: str) -> dict[str, str]:
 def load_toml(path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(options, kafka settings)`` from a TOML file.
 
-    :raises UsageError: the file is missing, not TOML, or has unknown options.
+    :raises UsageError: the file is missing, unreadable, larger than
+        :data:`MAX_CONFIG_BYTES`, not UTF-8 TOML, has a table other than
+        ``[run]`` and ``[kafka]``, an unknown option, or a ``[kafka]`` value
+        that is not a string, number or boolean.
     """
     try:
-        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        raw = Path(path).read_bytes()
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise UsageError(
+                f"config file {path} is larger than {MAX_CONFIG_BYTES} bytes",
+                "pass a config file, not a data file",
+            )
+        data = tomllib.loads(raw.decode("utf-8"))
     except FileNotFoundError:
         raise UsageError(f"config file {path} not found", "check the --config path") from None
     except OSError as exc:
         raise UsageError(
             f"cannot read config file {path}: {exc.strerror}", "check the path"
         ) from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(
+            f"config file {path} is not UTF-8 (byte {exc.start})", "save it as UTF-8"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"config file {path} is not valid TOML: {exc}", "fix the syntax") from None
-    kafka = data.pop("kafka", {}) or {}
-    run = data.pop("run", None)
-    options = dict(run) if isinstance(run, dict) else {}
-    options.update({k: v for k, v in data.items() if not isinstance(v, dict)})
-    if not isinstance(kafka, dict):
+    kafka = data.pop("kafka", {})
+    run = data.pop("run", {})
+    for name, table in (("kafka", kafka), ("run", run)):
+        if not isinstance(table, dict):
+            raise UsageError(
+                f"config file {path}: {name} must be a table", f"write [{name}] then key = value"
+            )
+    tables = sorted(k for k, v in data.items() if isinstance(v, dict))
+    if tables:
         raise UsageError(
-            f"config file {path}: [kafka] must be a table", "write [kafka] key = value"
+            f"config file {path}: unknown table [{tables[0]}]",
+            "use [run] for htmqc options and [kafka] for librdkafka settings",
         )
+    for key, value in kafka.items():
+        if isinstance(value, (dict, list)) or not isinstance(value, (str, int, float, bool)):
+            raise UsageError(
+                f"config file {path}: [kafka] {key!r} must be a string, number or boolean",
+                "librdkafka takes plain values",
+            )
+    options = dict(run)
+    options.update(data)
     options = {k.replace("-", "_"): v for k, v in options.items()}
     unknown = sorted(set(options) - set(FIELDS) - {"handler"})
     if unknown:
@@ -152,19 +276,93 @@ def _boolean(name: str, value: Any) -> bool | None:
     raise UsageError(f"{flag} must be true or false, got {value!r}", "use true or false")
 
 
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def _coerce(name: str, value: Any) -> Any:
+    """``value`` as the type of option ``name``; text (CLI, environment) is parsed,
+    a TOML value must already have the right type (``true`` and ``2.5`` are not
+    integers, a number is not text)."""
     kind, _default = FIELDS[name]
+    flag = _flag(name)
     if kind is bool:
         return _boolean(name, value)
-    if value is None or (isinstance(value, kind) and not isinstance(value, bool)):
+    if value is None:
         return value
-    try:
-        return kind(value)
-    except (TypeError, ValueError):
-        flag = "--" + name.replace("_", "-")
+    if kind is str:
+        if not isinstance(value, str):
+            raise UsageError(
+                f"{flag} must be text, got a {type(value).__name__}", f"quote the value of {flag}"
+            )
+        return value
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise UsageError(
-            f"{flag} must be a {kind.__name__}, got {value!r}", f"pass a number to {flag}"
+            f"{flag} must be a {kind.__name__}, got a {type(value).__name__}",
+            f"pass a number to {flag}",
+        )
+    if kind is int and isinstance(value, float):
+        if not value.is_integer():
+            raise UsageError(f"{flag} must be a whole number, got {value!r}", "drop the fraction")
+        value = int(value)
+    try:
+        number = kind(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError, OverflowError):
+        shown = repr(value[:40]) if isinstance(value, str) else repr(value)
+        raise UsageError(
+            f"{flag} must be a {kind.__name__}, got {shown}", f"pass a number to {flag}"
         ) from None
+    if isinstance(number, float) and not math.isfinite(number):
+        raise UsageError(f"{flag} must be a finite number, got {value!r}", "pass a real number")
+    return number
+
+
+def _check(merged: dict[str, Any]) -> None:
+    """Bounds, choices and text hygiene of the merged options (module docs).
+
+    :raises UsageError: the first option out of bounds.
+    """
+    for name, (low, high, low_ok) in LIMITS.items():
+        value = merged.get(name)
+        if value is None or isinstance(value, bool):
+            continue
+        if value < low or (value == low and not low_ok):
+            relation = ">=" if low_ok else ">"
+            raise UsageError(
+                f"{_flag(name)} must be {relation} {low:g}, got {value:g}",
+                f"pass a larger value to {_flag(name)}",
+            )
+        if value > high:
+            raise UsageError(
+                f"{_flag(name)} must be <= {high:g}, got {value:g}",
+                f"pass a smaller value to {_flag(name)}",
+            )
+    # min_in_flight above max_in_flight is clamped by the engine; a backoff above
+    # its cap would be a silent surprise, so it is refused.
+    first, cap = merged.get("backoff_ms"), merged.get("backoff_max_ms")
+    if first is not None and cap is not None and first > cap:
+        raise UsageError(
+            f"--backoff-ms {first:g} is above --backoff-max-ms {cap:g}",
+            "lower --backoff-ms or raise the cap",
+        )
+    for name, choices in _CHOICES.items():
+        if name in merged and merged[name] not in choices:
+            raise UsageError(
+                f"{_flag(name)} {merged[name]!r} is unknown", f"use one of: {', '.join(choices)}"
+            )
+    for name, (kind, _default) in FIELDS.items():
+        value = merged.get(name)
+        if kind is not str or value is None:
+            continue
+        if len(value) > MAX_TEXT:
+            raise UsageError(
+                f"{_flag(name)} is longer than {MAX_TEXT} characters", "pass a shorter value"
+            )
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise UsageError(
+                f"{_flag(name)} contains a control character (a newline?)",
+                "pass a single line of printable text",
+            )
 
 
 def resolve(
@@ -187,6 +385,18 @@ def resolve(
     if config_file:
         file_opts, file_kafka = load_toml(config_file)
     env_opts, env_kafka = from_env(env)
+    # Before anything can fail: from here on every text leaving the process is scrubbed.
+    for source in (file_kafka, env_kafka, cli_kafka):
+        remember_secrets(source)
+    remember_secrets(
+        {},
+        [
+            str(src.get(name))
+            for src in (cli, env_opts, file_opts)
+            for name in ("sink", "redis_url", "bootstrap")
+            if isinstance(src.get(name), str)
+        ],
+    )
     merged: dict[str, Any] = {}
     for name, (_kind, default) in FIELDS.items():
         for source in (cli, env_opts, file_opts):
@@ -209,11 +419,5 @@ def resolve(
         raise UsageError(
             f"--mode {merged['mode']!r} is not a delivery mode", f"use one of: {', '.join(MODES)}"
         )
-    for name in ("workers", "max_in_flight", "txn_messages", "batch_size"):
-        low = 0 if name == "workers" else 1
-        if merged[name] < low:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= {low}", "pass a larger number")
-    for name in ("txn_ms", "commit_ms"):
-        if merged[name] <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be > 0", "pass a positive number")
+    _check(merged)
     return RunOptions(kafka_config=kafka, **merged)

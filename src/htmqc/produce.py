@@ -32,6 +32,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -168,25 +169,34 @@ def produce(
     progress: bool = False,
     flush_timeout: float = 60.0,
     reach_timeout: float = 5.0,
+    kafka_config: dict[str, Any] | None = None,
 ) -> ProduceReport:
     """Write ``count`` messages numbered ``start_id..start_id+count-1`` to ``topic``.
 
     Waits up to ``reach_timeout`` seconds for the broker, then creates the
     topic when ``partitions`` is given. Returns after every
     message is acknowledged (or its transaction committed/aborted); raises
-    :class:`RuntimeFailure` if any delivery failed.
+    :class:`RuntimeFailure` if any delivery failed. ``kafka_config``: librdkafka
+    settings for the producer (TLS, SASL...), applied before htmqc's own.
     """
     validate(count, keys, size, start_id, abort_every)
     if abort_every and not transactional:
         raise UsageError("--abort-every needs --transactional", "add --transactional")
-    wait_reachable(bootstrap, timeout=reach_timeout)
+    wait_reachable(bootstrap, timeout=reach_timeout, config=kafka_config)
     if partitions is not None:
-        create_topic(bootstrap, topic, partitions)
+        create_topic(bootstrap, topic, partitions, config=kafka_config)
     on_delivery, errors = _delivery_checker()
     on_aborted_delivery, aborted_written = _aborted_delivery_counter()
     tx_id = f"htmqc-produce-{uuid.uuid4().hex[:12]}" if transactional else None
     overrides = _TRANSACTIONAL_TIMING if transactional else None
-    producer = Producer(producer_config(bootstrap, overrides, transactional_id=tx_id))
+    settings = {**(kafka_config or {}), **(overrides or {})}
+    try:
+        producer = Producer(producer_config(bootstrap, settings, transactional_id=tx_id))
+    except KafkaException as exc:
+        raise UsageError(
+            f"invalid Kafka setting: {exc.args[0].str() if exc.args else 'unknown'}",
+            "check the --kafka-config keys and values",
+        ) from None
     aborted: list[int] = []
     started = time.perf_counter()
     try:

@@ -44,14 +44,25 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
     except OSError as exc:
         raise UsageError(f"cannot read {p}: {exc.strerror}", "check the path") from None
     with handle:
-        for lineno, line in enumerate(handle, 1):
+        lineno = 0
+        while True:
+            try:
+                line = handle.readline()
+            except UnicodeDecodeError:
+                raise UsageError(
+                    f"{p}:{lineno + 1}: not UTF-8 text", "write UTF-8 JSON lines"
+                ) from None
+            if not line:
+                return
+            lineno += 1
             if not line.strip():
                 continue
             try:
                 yield lineno, json.loads(line)
-            except json.JSONDecodeError as exc:
+            except (json.JSONDecodeError, RecursionError) as exc:
+                why = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
                 raise UsageError(
-                    f"{p}:{lineno}: not JSON ({exc.msg})", "write one JSON object per line"
+                    f"{p}:{lineno}: not JSON ({why})", "write one JSON object per line"
                 ) from None
 
 
@@ -132,6 +143,8 @@ def aborted_from_file(path: str | Path) -> Iterator[str]:
         lines = p.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         raise UsageError(f"cannot read {p}: {exc.strerror}", "check the path") from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{p}: not UTF-8 text (byte {exc.start})", "write UTF-8 lines") from None
     for lineno, line in enumerate(lines, 1):
         text = line.strip()
         if not text:
@@ -139,8 +152,8 @@ def aborted_from_file(path: str | Path) -> Iterator[str]:
         if text.startswith("{"):
             try:
                 obj = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise UsageError(f"{p}:{lineno}: not JSON ({exc.msg})", "fix the line") from None
+            except (json.JSONDecodeError, RecursionError):
+                raise UsageError(f"{p}:{lineno}: not JSON", "fix the line") from None
             yield _field(p, lineno, obj, "id", str, True)
         else:
             yield text.strip('"')
@@ -182,17 +195,41 @@ def effects_from_sqlite(
             else:
                 select.append("NULL")
         cursor = conn.execute(f'SELECT {", ".join(select)} FROM "{table}" ORDER BY rowid')
+        row_number = 0
         while rows := cursor.fetchmany(10_000):
             for ident, key, part, off, gen in rows:
-                yield Effect(
-                    str(ident),
-                    None if key is None else str(key),
-                    None if part is None else int(part),
-                    None if off is None else int(off),
-                    None if gen is None else int(gen),
-                )
+                row_number += 1
+                try:
+                    effect = Effect(
+                        str(ident),
+                        None if key is None else str(key),
+                        _int_cell(part),
+                        _int_cell(off),
+                        _int_cell(gen),
+                    )
+                except ValueError:
+                    raise UsageError(
+                        f"table {table!r} in {p}, row {row_number}: partition, offset and "
+                        "generation must be integers",
+                        "check the column mapping",
+                    ) from None
+                yield effect
     finally:
         conn.close()
+
+
+def _int_cell(value: Any) -> int | None:
+    """A SQLite cell as an integer (``None`` stays ``None``).
+
+    :raises ValueError: text, a blob or a fractional number.
+    """
+    if value is None:
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise ValueError(f"not an integer: {type(value).__name__}")
 
 
 def effects_from_source(source: str) -> Iterator[Effect]:

@@ -18,7 +18,7 @@ import pkgutil
 import sys
 from collections.abc import Sequence
 
-from htmqc import __version__
+from htmqc import __version__, secrets
 from htmqc.errors import HtmqcError
 
 
@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except HtmqcError as exc:
         if args.debug:
             raise
-        print(f"htmqc: error: {exc.line()}", file=sys.stderr)
+        print(f"htmqc: error: {secrets.scrub(exc.line())}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
@@ -63,7 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             raise
         print(
-            f"htmqc: error: {type(exc).__name__}: {exc}; run again with --debug for details",
+            f"htmqc: error: {type(exc).__name__}: {secrets.scrub(str(exc))}; "
+            "run again with --debug for details",
             file=sys.stderr,
         )
         return 1

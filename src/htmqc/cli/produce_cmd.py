@@ -10,6 +10,7 @@ import argparse
 import sys
 from typing import Any
 
+from htmqc.config import parse_pairs, remember_secrets
 from htmqc.produce import produce, validate
 
 _DESCRIPTION = """\
@@ -50,12 +51,21 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help="abort every N-th transaction (needs --transactional)",
     )
+    parser.add_argument(
+        "--kafka-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="librdkafka setting, e.g. security.protocol=ssl (repeatable)",
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Validate the options, produce, print one summary line."""
     validate(args.count, args.keys, args.size, args.start_id, args.abort_every)
+    kafka_config = parse_pairs(args.kafka_config, "--kafka-config")
+    remember_secrets(kafka_config)
     report = produce(
         args.bootstrap,
         args.topic,
@@ -67,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         transactional=args.transactional,
         abort_every=args.abort_every,
         progress=sys.stderr.isatty(),
+        kafka_config=kafka_config,
     )
     aborted = f", {len(report.aborted_ids)} aborted" if report.aborted_ids else ""
     print(

@@ -16,13 +16,16 @@ hands the :class:`~htmqc.core.Commit` values to a *delivery*:
   after the sink committed. Handlers of one transaction share one connection,
   so in this mode they run one at a time on the poll thread.
 
-Dead letters (a message whose handler failed for good, or a message above
-``--max-message-bytes``): at-least-once writes them to ``<topic>.dlq`` with a
-producer and waits for the broker's ack before the core hears
-``dead_lettered``; exactly-once writes them in the sink transaction (a row of
-``htmqc_dead_letters`` for SQL sinks, a record on ``<topic>.dlq`` for the
-Kafka sink), so a message ends with its effect or its dead letter, never
-neither and never both.
+Dead letters (a message whose handler failed for good, a poison message, or a
+message above ``--max-message-bytes``) carry a
+:class:`~htmqc.dlq.record.DeadLetterInfo` and go to ``info.target(topic)``
+(``<topic>.dlq``, or ``<topic>.dlq.poison`` for poison) with the headers of
+:mod:`htmqc.dlq.headers`: at-least-once writes them with a producer and waits
+for the broker's ack before the core hears ``dead_lettered``; exactly-once
+writes them in the sink transaction (a row of ``htmqc_dead_letters``, see
+:mod:`htmqc.dlq.table`, for SQL sinks; a record on the DLQ topic for the Kafka
+sink), so a message ends with its effect or its dead letter, never neither and
+never both.
 """
 
 from __future__ import annotations
@@ -33,16 +36,17 @@ from typing import Any
 
 from htmqc.core import Commit, ConsumerCore
 from htmqc.core.decisions import TopicPartition
+from htmqc.dlq import table as dlq_table
+from htmqc.dlq.headers import dlq_headers
+from htmqc.dlq.record import DeadLetterInfo, dlq_topic
 from htmqc.errors import RuntimeFailure
 from htmqc.sinks import Fenced, Sink, SinkTransaction
 from htmqc.sinks.encoding import encode_metadata
 
-DLQ_TABLE = "htmqc_dead_letters"
+#: The dead-letter table of a SQL sink with the default table prefix.
+DLQ_TABLE = dlq_table.table_name()
 
-
-def dlq_topic(topic: str) -> str:
-    """The dead-letter topic of ``topic``."""
-    return f"{topic}.dlq"
+__all__ = ["DLQ_TABLE", "AtLeastOnce", "ExactlyOnce", "dlq_topic"]
 
 
 class AtLeastOnce:
@@ -101,28 +105,30 @@ class AtLeastOnce:
         self.acks.append((None, result or []))
         self.drain_acks(core)
 
-    def dead_letter(self, topic: str, msg: Any, reason: str) -> None:
-        """Write ``msg`` to ``<topic>.dlq`` and wait for the broker's ack.
+    def dead_letter(self, topic: str, msg: Any, info: DeadLetterInfo) -> None:
+        """Write ``msg`` (same key and value, headers of :func:`dlq_headers`) to
+        ``info.target(topic)`` and wait for the broker's ack.
 
         :raises RuntimeFailure: the dead letter could not be written (the message
             then stays unfinished, so nothing is committed past it).
         """
         if self._producer is None:
             self._producer = self._producer_factory()
+        target = info.target(topic)
         errors: list[Any] = []
         self._producer.produce(
-            dlq_topic(topic),
+            target,
             value=msg.value(),
             key=msg.key(),
-            headers=_dlq_headers(msg, reason),
+            headers=_dlq_headers(msg, info),
             on_delivery=lambda err, _m: errors.append(err) if err is not None else None,
         )
         remaining = self._producer.flush(30)
         if remaining or errors:
             raise RuntimeFailure(
-                f"could not write a dead letter to {dlq_topic(topic)}: "
+                f"could not write a dead letter to {target}: "
                 f"{errors[0] if errors else 'timed out'}",
-                f"check that the topic {dlq_topic(topic)} exists and the broker is up",
+                f"check that the topic {target} exists and the broker is up",
             )
 
     def close(self) -> None:
@@ -194,38 +200,27 @@ class ExactlyOnce:
             self.txn.abort()
             self.txn = None
 
-    def dead_letter(self, topic: str, msg: Any, reason: str) -> None:
-        """Write ``msg``'s dead letter inside the open transaction."""
+    def dead_letter(self, topic: str, msg: Any, info: DeadLetterInfo) -> None:
+        """Write ``msg``'s dead letter inside the open transaction, in its own
+        message scope: for the Kafka sink a record on ``info.target(topic)``;
+        for SQL sinks a row of the sink's dead-letter table
+        (:mod:`htmqc.dlq.table`; ``redriven_at`` NULL)."""
         txn = self.current()
         with txn.message():
             if self.sink.name == "kafka":
                 txn.handle.send(
-                    dlq_topic(topic), msg.value(), key=msg.key(), headers=_dlq_headers(msg, reason)
+                    info.target(topic), msg.value(), key=msg.key(), headers=_dlq_headers(msg, info)
                 )
                 return
-            param = "%s" if self.sink.name == "postgresql" else "?"
-            blob = "BYTEA" if self.sink.name == "postgresql" else "BLOB"
-            cur = txn.handle
-            cur.execute(
-                f"CREATE TABLE IF NOT EXISTS {DLQ_TABLE} (topic TEXT NOT NULL, "
-                f'"partition" INTEGER NOT NULL, "offset" BIGINT NOT NULL, msg_key {blob}, '
-                f"msg_value {blob}, reason TEXT NOT NULL)"
-            )
-            cur.execute(
-                f'INSERT INTO {DLQ_TABLE} (topic, "partition", "offset", msg_key, msg_value, '
-                f"reason) VALUES ({', '.join([param] * 6)})",
-                (msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), reason),
-            )
+            prefix = str(getattr(self.sink, "positions_table", "htmqc_positions"))
+            table = dlq_table.table_name(prefix.removesuffix("positions"))
+            dlq_table.insert(txn.handle, table, self.sink.name, msg, info)
 
     def close(self) -> None:
         """Abort any open transaction."""
         self.abort()
 
 
-def _dlq_headers(msg: Any, reason: str) -> list[tuple[str, bytes]]:
-    headers = list(msg.headers() or [])
-    headers += [
-        ("htmqc-dlq-reason", reason.encode("utf-8", "replace")[:1000]),
-        ("htmqc-dlq-source", f"{msg.topic()}/{msg.partition()}/{msg.offset()}".encode()),
-    ]
-    return headers
+def _dlq_headers(msg: Any, info: DeadLetterInfo) -> list[tuple[str, bytes]]:
+    """The headers of ``msg``'s dead letter (:func:`htmqc.dlq.headers.dlq_headers`)."""
+    return dlq_headers(msg, info)

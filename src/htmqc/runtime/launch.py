@@ -69,18 +69,29 @@ def load_handler(spec: str) -> Callable[..., Any]:
     return target  # type: ignore[no-any-return]
 
 
-def check_topic(bootstrap: str, topic: str, create: int | None, connect_seconds: float) -> None:
+def check_topic(
+    bootstrap: str,
+    topic: str,
+    create: int | None,
+    connect_seconds: float,
+    kafka_config: dict[str, Any] | None = None,
+) -> None:
     """Wait (bounded) for the broker; make sure ``topic`` exists (or create it).
+
+    ``kafka_config``: the user's librdkafka settings; the connection ones
+    (TLS, SASL) are used for these checks too.
 
     :raises RuntimeFailure: the broker cannot be reached.
     :raises UsageError: the topic does not exist and ``create`` is not given.
     """
     from confluent_kafka.admin import AdminClient
 
-    from htmqc.broker import create_topic, wait_reachable
+    from htmqc.broker import connection_settings, create_topic, wait_reachable
 
-    wait_reachable(bootstrap, timeout=connect_seconds)
-    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    wait_reachable(bootstrap, timeout=connect_seconds, config=kafka_config)
+    admin = AdminClient(
+        {**connection_settings(kafka_config), "bootstrap.servers": bootstrap, "log_level": 0}
+    )
     try:
         # All topics: asking for one by name may auto-create it on some brokers.
         meta = admin.list_topics(timeout=connect_seconds).topics.get(topic)
@@ -96,7 +107,7 @@ def check_topic(bootstrap: str, topic: str, create: int | None, connect_seconds:
             f"topic {topic!r} does not exist on {bootstrap}",
             "create it (htmqc produce, or pass --create-topic PARTITIONS)",
         )
-    create_topic(bootstrap, topic, create)
+    create_topic(bootstrap, topic, create, config=kafka_config)
 
 
 def build_engine(
@@ -128,11 +139,20 @@ def build_engine(
             bootstrap=options.bootstrap,
             kafka_config=producer_overrides(options.kafka_config),
         )
-    check_topic(options.bootstrap, options.topic, options.create_topic, options.connect_seconds)
+    check_topic(
+        options.bootstrap,
+        options.topic,
+        options.create_topic,
+        options.connect_seconds,
+        options.kafka_config,
+    )
     if options.retry_topic:
-        _ensure_topic(options.bootstrap, retry_topic(options.topic))
+        _ensure_topic(options.bootstrap, retry_topic(options.topic), options.kafka_config)
     if sink is not None:
         sink.open(options.group)
+        if sink.name == "kafka":  # its dead letters are written inside its transactions
+            for name in (dlq_topic(options.topic), poison_topic(options.topic)):
+                _ensure_topic(options.bootstrap, name, options.kafka_config)
     engine: list[Engine] = []
     config = consumer_config(options.bootstrap, options.group, dict(options.kafka_config))
     config["on_commit"] = lambda err, parts: engine[0].on_commit(err, parts)
@@ -147,7 +167,7 @@ def build_engine(
     def producer() -> Any:
         """The dead-letter (and retry-topic) producer; its topics are created if missing."""
         for name in (dlq_topic(options.topic), poison_topic(options.topic)):
-            _ensure_topic(options.bootstrap, name)
+            _ensure_topic(options.bootstrap, name, options.kafka_config)
         return Producer(
             producer_config(options.bootstrap, producer_overrides(options.kafka_config))
         )
@@ -158,13 +178,13 @@ def build_engine(
     return engine[0]
 
 
-def _ensure_topic(bootstrap: str, name: str) -> None:
+def _ensure_topic(bootstrap: str, name: str, kafka_config: dict[str, Any] | None = None) -> None:
     """Create ``name`` (one partition) unless it exists."""
     from htmqc.broker import create_topic
     from htmqc.errors import HtmqcError
 
     try:
-        create_topic(bootstrap, name, 1)
+        create_topic(bootstrap, name, 1, config=kafka_config)
     except HtmqcError as exc:  # exists already (maybe with other partitions): fine
         log.debug("topic %s: %s", name, exc.line())
 

@@ -16,6 +16,9 @@ from collections.abc import Iterable
 
 #: Marks htmqc's finished-above encoding inside Kafka offset-commit metadata.
 METADATA_PREFIX = "htmqc1:"
+#: At most this many offsets decode (the in-flight window is at most 10^7):
+#: hostile metadata ("0:1000000000000") must not make the consumer allocate them.
+MAX_DECODED_OFFSETS = 10_000_000
 
 
 def encode_finished(committed: int, offsets: Iterable[int]) -> str:
@@ -41,7 +44,8 @@ def _item(gap: int, length: int) -> str:
 
 
 def decode_finished(committed: int, text: str) -> tuple[int, ...]:
-    """Inverse of :func:`encode_finished`; raises ``ValueError`` on malformed text."""
+    """Inverse of :func:`encode_finished`; raises ``ValueError`` on malformed text
+    or more than :data:`MAX_DECODED_OFFSETS` offsets."""
     if not text:
         return ()
     out: list[int] = []
@@ -51,6 +55,8 @@ def decode_finished(committed: int, text: str) -> tuple[int, ...]:
         gap, length = int(gap_s), int(len_s) if colon else 1
         if gap < 0 or length < 1:
             raise ValueError(f"bad finished-above item {item!r}")
+        if len(out) + length > MAX_DECODED_OFFSETS:
+            raise ValueError(f"finished-above holds more than {MAX_DECODED_OFFSETS} offsets")
         start = prev + gap
         out.extend(range(start, start + length))
         prev = start + length

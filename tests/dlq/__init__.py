@@ -1,0 +1,1 @@
+"""Tests of dead-letter records, the SQL table, and ``htmqc dlq``."""
