@@ -48,8 +48,8 @@ Inspect and replay dead letters.
 redrive writes each selected entry back to its original topic and partition
 (same key, value, headers, plus htmqc-redrive-of=ID) and marks it, so a second
 redrive writes nothing. Kafka DLQs are redriven exactly once (one transaction
-for the records and the marks); see docs/dlq.md for the SQL crash window and
-for what a redrive does to per-key order."""
+for the records and the marks); the README's "Dead-letter queues" section
+says what the SQL crash window is and what a redrive does to per-key order."""
 
 
 def _source_options(parser: argparse.ArgumentParser) -> None:
