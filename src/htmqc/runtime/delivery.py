@@ -112,23 +112,31 @@ class AtLeastOnce:
         :raises RuntimeFailure: the dead letter could not be written (the message
             then stays unfinished, so nothing is committed past it).
         """
+        self.send(info.target(topic), msg.value(), msg.key(), _dlq_headers(msg, info))
+
+    def send(
+        self, topic: str, value: bytes | None, key: bytes | None, headers: list[tuple[str, bytes]]
+    ) -> None:
+        """Produce one record and wait for the broker's ack (dead letters, retry
+        records: the source offset may be finished only once its copy exists).
+
+        :raises RuntimeFailure: the broker did not take it within 30 s.
+        """
         if self._producer is None:
             self._producer = self._producer_factory()
-        target = info.target(topic)
         errors: list[Any] = []
         self._producer.produce(
-            target,
-            value=msg.value(),
-            key=msg.key(),
-            headers=_dlq_headers(msg, info),
+            topic,
+            value=value,
+            key=key,
+            headers=headers,
             on_delivery=lambda err, _m: errors.append(err) if err is not None else None,
         )
         remaining = self._producer.flush(30)
         if remaining or errors:
             raise RuntimeFailure(
-                f"could not write a dead letter to {target}: "
-                f"{errors[0] if errors else 'timed out'}",
-                f"check that the topic {target} exists and the broker is up",
+                f"could not write to {topic}: {errors[0] if errors else 'timed out'}",
+                f"check that the topic {topic} exists and the broker is up",
             )
 
     def close(self) -> None:

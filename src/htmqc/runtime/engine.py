@@ -143,8 +143,6 @@ class Engine:
         self.retry_topic = retry_topic(options.topic) if options.retry_topic else None
         #: Retry-topic partitions paused until a record's due time (unix seconds).
         self._waiting: dict[TopicPartition, float] = {}
-        self._producer_factory = producer_factory or _no_producer
-        self._forward_producer: Any = None
         #: Messages moved to the retry topic (tests).
         self.retries_forwarded = 0
         self.core = (
@@ -467,22 +465,8 @@ class Engine:
             with txn.message():
                 txn.handle.send(topic, msg.value(), key=msg.key(), headers=headers)
             return
-        if self._forward_producer is None:
-            self._forward_producer = self._producer_factory()
-        producer = self._forward_producer
-        errors: list[Any] = []
-        producer.produce(
-            topic,
-            value=msg.value(),
-            key=msg.key(),
-            headers=headers,
-            on_delivery=lambda err, _m: errors.append(err) if err is not None else None,
-        )
-        if producer.flush(30) or errors:
-            raise RuntimeFailure(
-                f"could not write to {topic}: {errors[0] if errors else 'timed out'}",
-                f"check that the topic {topic} exists and the broker is up",
-            )
+        assert self.alo is not None
+        self.alo.send(topic, msg.value(), msg.key(), headers)
 
     def _release(self, tp: TopicPartition, key: Any) -> None:
         """Let the messages parked behind ``key``'s finished message run."""
