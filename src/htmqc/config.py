@@ -78,6 +78,8 @@ FIELDS: dict[str, tuple[type, Any]] = {
     "otel": (bool, False),
     "retry_topic": (bool, False),
     "retry_topic_ms": (float, 5000.0),
+    "permanent_errors": (str, None),
+    "retryable_errors": (str, None),
 }
 REQUIRED = ("bootstrap", "topic", "group")
 

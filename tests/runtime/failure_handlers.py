@@ -58,3 +58,7 @@ def fail_twice_then_log(msg: Any) -> None:
         raise ValueError(f"{ident} not yet")
     with open(os.environ["HTMQC_TEST_OUT"], "a") as out:
         out.write(f"{ident} {msg.topic()} {time.time() * 1000:.0f} {retry_after_ms(msg)}\n")
+
+
+class BadPayload(ValueError):
+    """A user's exception type that retrying cannot help (``--permanent-errors``)."""

@@ -164,3 +164,22 @@ def make_logs(
         (topic, p): [(f"k{i % keys}".encode(), f"{p}:{i}".encode()) for i in range(count)]
         for p in range(partitions)
     }
+
+
+class FakeProducer:
+    """A producer whose every record is acknowledged at once; keeps them in
+    :attr:`records` as ``(topic, value, key, headers)``."""
+
+    records: list[tuple[str, bytes | None, Any, list[tuple[str, bytes]]]]
+
+    def __init__(self) -> None:
+        self.records = []
+
+    def produce(self, topic: str, value: bytes | None = None, key: Any = None,
+                headers: Any = None, on_delivery: Any = None) -> None:
+        self.records.append((topic, value, key, list(headers or [])))
+        if on_delivery is not None:
+            on_delivery(None, None)
+
+    def flush(self, timeout: float = 0) -> int:
+        return 0

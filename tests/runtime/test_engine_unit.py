@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from htmqc.runtime import Engine, RunOptions
-from tests.runtime.fakes import FakeConsumer, make_logs
+from tests.runtime.fakes import FakeConsumer, FakeProducer, make_logs
 
 TOPIC = "t"
 
@@ -171,17 +171,7 @@ def test_start_resumes_from_committed_offset_and_skips_finished_above() -> None:
 @pytest.mark.parametrize("workers", [1, 3])
 def test_poison_message_is_dead_lettered_and_the_rest_proceeds(workers: int) -> None:
     consumer = FakeConsumer(TOPIC, make_logs(TOPIC, 1, 5, keys=1))
-    letters: list[tuple[int, str]] = []
-
-    class Producer:
-        def produce(
-            self, topic: str, value: bytes, key: Any, headers: Any, on_delivery: Any
-        ) -> None:
-            letters.append((int(value.split(b":")[1]), dict(headers)["htmqc-dlq-reason"].decode()))
-            on_delivery(None, None)
-
-        def flush(self, timeout: float) -> int:
-            return 0
+    producer = FakeProducer()
 
     def handler(msg: Any) -> None:
         if msg.offset() == 1:
@@ -194,11 +184,15 @@ def test_poison_message_is_dead_lettered_and_the_rest_proceeds(workers: int) -> 
         handler,
         opts,
         consumer,
-        producer_factory=Producer,
+        producer_factory=lambda: producer,
         retry=RetryPolicy(max_retries=1, base_delay=0.001, max_delay=0.01),
     )
     consumer.on_commit = engine.on_commit
     engine.run(install_signals=False)
+    letters = [
+        (int((value or b"").split(b":")[1]), dict(headers)["htmqc-dlq-reason"].decode())
+        for _topic, value, _key, headers in producer.records
+    ]
     assert letters == [(1, "RuntimeError: poison")]
     assert consumer.commits[(TOPIC, 0)][0] == 5
 

@@ -56,6 +56,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--connect-seconds", type=float, help="how long to wait for the broker (10)")
     p.add_argument("--trace", metavar="FILE", help="append core transitions as JSON lines")
     p.add_argument("--max-retries", type=int, help="retries before dead-lettering (3)")
+    p.add_argument(
+        "--permanent-errors", metavar="MODULE:CLASS,...", help="exception types never retried"
+    )
+    p.add_argument(
+        "--retryable-errors", metavar="MODULE:CLASS,...", help="exception types always retried"
+    )
     p.add_argument("--backoff-ms", type=float, help="first retry backoff, full jitter (100)")
     p.add_argument("--backoff-max-ms", type=float, help="backoff cap (30000)")
     p.add_argument(

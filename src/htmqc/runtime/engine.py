@@ -116,6 +116,8 @@ class Engine:
     methods), not yet subscribed. ``sink``: the opened exactly-once sink, or
     ``None`` for at-least-once. ``producer_factory`` makes the dead-letter
     producer (at-least-once). ``metrics``: where events are counted (optional).
+    ``error_kinds``: the user's exception types and how to treat them
+    (:func:`~htmqc.core.classify`).
     """
 
     def __init__(
@@ -130,8 +132,10 @@ class Engine:
         clock: Callable[[], float] = time.monotonic,
         seed: int | None = None,
         metrics: Metrics | None = None,
+        error_kinds: Mapping[type[BaseException], FailureKind] | None = None,
     ) -> None:
         self.options = options
+        self.error_kinds = dict(error_kinds or {})
         self.consumer = consumer
         if retry is None:
             retry = RetryPolicy(
@@ -373,7 +377,7 @@ class Engine:
         kind = (
             FailureKind.PERMANENT
             if poison or too_large or not isinstance(exc, Exception)
-            else classify(exc)
+            else classify(exc, self.error_kinds)
         )
         jitter = self.rng.random()
         # The retry topic (module htmqc.runtime.retry_topic): decide before the core

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from htmqc.core.retry import FailureKind
 from htmqc.dlq.record import dlq_topic, poison_topic
 from htmqc.errors import RuntimeFailure, UsageError
 from htmqc.runtime.engine import Engine
@@ -67,6 +68,38 @@ def load_handler(spec: str) -> Callable[..., Any]:
             "point at a function taking the message (and the transaction handle)",
         )
     return target  # type: ignore[no-any-return]
+
+
+def load_error_kinds(options: RunOptions) -> dict[type[BaseException], FailureKind]:
+    """The user's exception classification from ``--permanent-errors`` and
+    ``--retryable-errors`` (comma-separated ``module:Class``).
+
+    :raises UsageError: a name that is not ``module:Class``, cannot be imported,
+        or is not an exception type; or a type named in both lists.
+    """
+    kinds: dict[type[BaseException], FailureKind] = {}
+    for flag, text, kind in (
+        ("--permanent-errors", options.permanent_errors, FailureKind.PERMANENT),
+        ("--retryable-errors", options.retryable_errors, FailureKind.RETRYABLE),
+    ):
+        for name in (n.strip() for n in (text or "").split(",")):
+            if not name:
+                continue
+            try:
+                cls = load_handler(name)
+            except UsageError as exc:
+                raise UsageError(f"{flag}: {exc.problem}", exc.fix) from None
+            if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+                raise UsageError(
+                    f"{flag}: {name} is not an exception class", "name an Exception subclass"
+                )
+            if kinds.get(cls, kind) is not kind:
+                raise UsageError(
+                    f"{name} is in both --permanent-errors and --retryable-errors",
+                    "keep it in one of them",
+                )
+            kinds[cls] = kind
+    return kinds
 
 
 def check_topic(
@@ -173,7 +206,15 @@ def build_engine(
         )
 
     engine.append(
-        Engine(handler, options, consumer, sink=sink, producer_factory=producer, metrics=metrics)
+        Engine(
+            handler,
+            options,
+            consumer,
+            sink=sink,
+            producer_factory=producer,
+            metrics=metrics,
+            error_kinds=load_error_kinds(options),
+        )
     )
     return engine[0]
 

@@ -31,6 +31,9 @@ class RunOptions:
     Failures: ``max_retries`` retries with full-jitter backoff from ``backoff_ms``
     capped at ``backoff_max_ms``; ``poison_threshold`` failures of one message
     within ``poison_window`` seconds send it to ``<topic>.dlq.poison`` at once.
+    ``permanent_errors`` / ``retryable_errors``: comma-separated
+    ``module:Class`` exception types the handler may raise, classified as
+    :class:`~htmqc.Permanent` / :class:`~htmqc.Retryable` (most specific wins).
     ``retry_topic``: backoffs of at least ``retry_topic_ms`` wait in
     ``<topic>.retry`` instead of in memory (:mod:`htmqc.runtime.retry_topic`).
     Flow: ``flow`` (:data:`FLOWS`), ``min_in_flight``, ``latency_target_ms``
@@ -76,3 +79,5 @@ class RunOptions:
     otel: bool = False
     retry_topic: bool = False
     retry_topic_ms: float = 5000.0
+    permanent_errors: str | None = None
+    retryable_errors: str | None = None
