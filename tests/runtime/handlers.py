@@ -37,3 +37,89 @@ def poison_five(msg: Any) -> None:
     """At-least-once: message id 5 always fails (it ends in the DLQ)."""
     if parse_id(msg.value()) == 5:
         raise ValueError("id 5 is poison")
+
+
+def _effect_sql(tx: Any) -> str:
+    """The insert into ``$HTMQC_TEST_TABLE`` in the placeholder style of ``tx``'s driver."""
+    p = "?" if type(tx).__module__.startswith("sqlite3") else "%s"
+    return (
+        f'INSERT INTO {os.environ["HTMQC_TEST_TABLE"]} (id, "partition", "offset", pid) '
+        f"VALUES ({p}, {p}, {p}, {p})"
+    )
+
+
+def table_record(msg: Any, tx: Any) -> None:
+    """Exactly-once: one row ``(id, partition, offset, pid)`` per message in the
+    table named by ``$HTMQC_TEST_TABLE`` (the test creates it; ``id`` is not
+    unique, so a duplicate effect shows up), after a short sleep (so kills land
+    mid-batch). ``pid`` tells which process stored the row."""
+    time.sleep(0.0005)
+    tx.execute(_effect_sql(tx), (parse_id(msg.value()), msg.partition(), msg.offset(), os.getpid()))
+
+
+_STALL_LIMIT = 60.0
+_stalled = False
+
+
+def _stall(flag: str, ident: int) -> None:
+    """Write ``"IDENT PID"`` to ``FLAG.stalled`` (atomically), then sleep while
+    ``flag`` exists, at most :data:`_STALL_LIMIT` seconds."""
+    marker = f"{flag}.stalled"
+    with open(f"{marker}.tmp", "w") as out:
+        out.write(f"{ident} {os.getpid()}\n")
+    os.replace(f"{marker}.tmp", marker)  # the test never reads half a line
+    deadline = time.monotonic() + _STALL_LIMIT
+    while os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def stalling_record(msg: Any, tx: Any) -> None:
+    """:func:`table_record`, then, once per process, stall inside the open
+    transaction: on the first message with an id of at least
+    ``$HTMQC_TEST_STALL_AT`` while the flag file ``$HTMQC_TEST_STALL`` exists,
+    write ``"ID PID"`` to ``$HTMQC_TEST_STALL.stalled`` and sleep until the flag
+    file is removed (at most 60 s). The row of that message is then in a
+    transaction that is surely open: a test can stop the process there."""
+    global _stalled
+    table_record(msg, tx)
+    flag = os.environ.get("HTMQC_TEST_STALL")
+    if _stalled or not flag or parse_id(msg.value()) < int(os.environ["HTMQC_TEST_STALL_AT"]):
+        return
+    if not os.path.exists(flag):
+        return
+    _stalled = True
+    _stall(flag, parse_id(msg.value()))
+
+
+def slow_forward(msg: Any, tx: Any) -> None:
+    """Exactly-once Kafka->Kafka: copy the message (value, key) to the sink's
+    output topic, after a short sleep (so kills land mid-transaction)."""
+    time.sleep(0.0005)
+    tx.send(None, msg.value(), key=msg.key())
+
+
+_txn_seen: Any = None
+_txn_position = 0
+
+
+def stalling_forward(msg: Any, tx: Any) -> None:
+    """:func:`slow_forward`, then, once per process, stall inside the open Kafka
+    transaction: on the message at 0-based position ``$HTMQC_TEST_STALL_NTH`` of
+    its transaction whose id is at least ``$HTMQC_TEST_STALL_AT``, while the
+    flag file ``$HTMQC_TEST_STALL`` exists (marker and wait as in
+    :func:`stalling_record`). Position 0: nothing of that transaction has
+    reached the broker yet (output is produced when a piece of messages ends);
+    position 250 or more: an earlier piece of it has (pieces are at most 250)."""
+    global _stalled, _txn_seen, _txn_position
+    if tx is not _txn_seen:  # each transaction has its own handle
+        _txn_seen, _txn_position = tx, 0
+    position = _txn_position
+    _txn_position += 1
+    slow_forward(msg, tx)
+    flag = os.environ.get("HTMQC_TEST_STALL")
+    if _stalled or not flag or position != int(os.environ["HTMQC_TEST_STALL_NTH"]):
+        return
+    if parse_id(msg.value()) < int(os.environ["HTMQC_TEST_STALL_AT"]) or not os.path.exists(flag):
+        return
+    _stalled = True
+    _stall(flag, parse_id(msg.value()))
