@@ -76,6 +76,7 @@ from htmqc.core.poison import PoisonDetector
 from htmqc.core.retry import Permanent, RetryPolicy
 from htmqc.dlq.record import DeadLetterInfo
 from htmqc.errors import RuntimeFailure
+from htmqc.kafka_defaults import consumer_config
 from htmqc.observe.tracing import batch_spans, commit_spans
 from htmqc.runtime.delivery import AtLeastOnce, ExactlyOnce
 from htmqc.runtime.lanes import Done, Lane, LanePool
@@ -197,9 +198,16 @@ class Engine:
             )
         )
         self.adaptive = adaptive
+        #: Seconds a fenced partition stays paused before it is claimed again if the
+        #: group still assigns it to us: the session timeout (by then the group
+        #: has evicted a real zombie).
+        session_ms = consumer_config(options.bootstrap, options.group, dict(options.kafka_config))
+        self._fence_grace = float(session_ms.get("session.timeout.ms", 45_000)) / 1000
         self.poison = PoisonDetector(options.poison_threshold, options.poison_window)
         self.assigned: set[TopicPartition] = set()
         self.fenced: set[TopicPartition] = set()
+        #: When each fenced partition was fenced (``clock()``), for :meth:`_reclaim_fenced`.
+        self._fenced_at: dict[TopicPartition, float] = {}
         self.paused = False
         self.in_flight = 0
         self.in_flight_bytes = 0
@@ -745,12 +753,43 @@ class Engine:
         self._recount()
         stale &= self.assigned
         self.fenced |= stale
+        now = self.clock()
+        for tp in stale:
+            self._fenced_at[tp] = now
         if stale:
             self.consumer.pause([KafkaTP(t, p) for t, p in stale])
         again = [tp for tp in held if tp in self.assigned and tp not in self.fenced]
         if again:
             for tp, committed in self._claim(again).items():
                 self.consumer.seek(KafkaTP(tp[0], tp[1], committed))
+
+    def _reclaim_fenced(self) -> None:
+        """Claim again the fenced partitions the group still gives us after a
+        session timeout. Normally the group takes a stale partition away within
+        that time (we were a zombie); if it did not, another process claimed it
+        in a race and was itself a zombie, or the group still trusts us: either
+        way claiming is safe (the fence rejects whoever is stale) and pausing for
+        ever would stall the partition."""
+        from confluent_kafka import TopicPartition as KafkaTP
+
+        now = self.clock()
+        due = [tp for tp, at in self._fenced_at.items() if now - at >= self._fence_grace]
+        if not due:
+            return
+        for tp in due:
+            del self._fenced_at[tp]
+            self.fenced.discard(tp)
+        mine = [tp for tp in due if tp in self.assigned and self.core.epoch(tp) is None]
+        if not mine:
+            return
+        if self.eo is not None:
+            self._finish_txn()  # claim is not allowed with a transaction open
+        log.warning("claiming again, still assigned after being fenced: %s",
+                    ", ".join(f"{t}/{p}" for t, p in mine))
+        for tp, committed in self._claim(mine).items():
+            self.consumer.seek(KafkaTP(tp[0], tp[1], committed))
+        if not self.paused:
+            self.consumer.resume([KafkaTP(t, p) for t, p in mine])
 
     def _drop_lanes(self, tp: TopicPartition) -> None:
         if self.pool is not None:
@@ -824,6 +863,7 @@ class Engine:
                 self._finish_txn()  # claim is not allowed with a transaction open
             for tp in tps:
                 self.fenced.discard(tp)
+                self._fenced_at.pop(tp, None)
                 if self.core.epoch(tp) is not None:
                     self.core.revoked(tp)
                     self._drop_lanes(tp)
@@ -870,6 +910,7 @@ class Engine:
                 self._drop_lanes(tp)
                 self.assigned.discard(tp)
                 self.fenced.discard(tp)
+                self._fenced_at.pop(tp, None)
                 self._waiting.pop(tp, None)
             self._recount()
         log.info("%s %s", "lost" if lost else "revoked", ", ".join(f"{t}/{p}" for t, p in tps))
@@ -966,6 +1007,8 @@ class Engine:
                         self._fire_timers()
                     if self._waiting:
                         self._wake_retries()
+                    if self._fenced_at:
+                        self._reclaim_fenced()
                     if self.backlog:
                         self.run_backlog()
                     now = self.clock()
