@@ -82,9 +82,10 @@ $(PEERS_VENV)/.stamp: pyproject.toml
 	touch $@
 
 bench-peers: $(PEERS_VENV)/.stamp ## htmqc against raw confluent-kafka, aiokafka, Quix, faust
-	HTMQC_CONTRACTS=0 $(PEERS_VENV)/bin/python -m benchmarks.peers --count $(PEERS_COUNT) \
-	  --sizes 100,1024 --repeat 3 --kill --kill-count 50000 --timeout 600
-PEERS_COUNT ?= 1000000
+	HTMQC_CONTRACTS=0 $(PEERS_VENV)/bin/python -m benchmarks.peers --timeout 600 $(PEERS_ARGS)
+# Full run by default (1M messages, 100 B and 1 KiB, 3 interleaved repeats, latency,
+# SIGKILL duplicates); PEERS_ARGS=--quick for a smoke run.
+PEERS_ARGS ?=
 
 demo: setup ## the main job: 1M messages exactly-once into SQLite, two SIGKILLs, an audit
 	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.demo

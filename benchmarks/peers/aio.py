@@ -40,7 +40,8 @@ async def _consume(bootstrap: str, topic: str, group: str, meter: Meter, timeout
             batches = await consumer.getmany(timeout_ms=500, max_records=500)
             for records in batches.values():
                 for record in records:
-                    meter.handle(record.value, record.timestamp)
+                    meter.handle(record.value, record.timestamp, record.key, record.partition,
+                                 record.offset)
                     if meter.done:
                         break
                 if meter.done:
@@ -60,11 +61,15 @@ def run(
     *,
     group: str,
     mode: str = "at-least-once",
-    latency: bool = False,
-    ids_path: str | None = None,
+    latency: str | None = None,
+    store: str | None = None,
+    kill_at: int | None = None,
+    journal: str | None = None,
+    out_topic: str | None = None,
+    idle_exit: float | None = None,
     timeout: float = 300.0,
 ) -> dict[str, Any]:
     """Consume ``count`` messages with aiokafka; return the shared figures."""
-    meter = Meter(count, latency=latency, ids_path=ids_path)
+    meter = Meter(count, latency=latency, store=store, kill_at=kill_at, journal=journal)
     commits = asyncio.run(_consume(bootstrap, topic, group, meter, timeout))
     return meter.result("aiokafka", mode, commits=commits)

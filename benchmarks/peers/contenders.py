@@ -33,5 +33,4 @@ SLOTS: tuple[Slot, ...] = (
     Slot("htmqc_eo", "htmqc_peer", "exactly-once", "htmqc exactly-once into SQLite"),
     Slot("htmqc_kk", "htmqc_peer", "exactly-once-kafka", "htmqc exactly-once Kafka→Kafka"),
 )
-LATENCY_SLOTS = ("raw", "aiokafka", "quix_alo", "htmqc_alo")
 BY_KEY = {slot.key: slot for slot in SLOTS}

@@ -26,14 +26,18 @@ def run(
     *,
     group: str,
     mode: str = "at-least-once",
-    latency: bool = False,
-    ids_path: str | None = None,
+    latency: str | None = None,
+    store: str | None = None,
+    kill_at: int | None = None,
+    journal: str | None = None,
+    out_topic: str | None = None,
+    idle_exit: float | None = None,
     timeout: float = 300.0,
 ) -> dict[str, Any]:
     """Consume ``count`` messages with a faust worker; return the shared figures."""
     import faust
 
-    meter = Meter(count, latency=latency, ids_path=ids_path)
+    meter = Meter(count, latency=latency, store=store, kill_at=kill_at, journal=journal)
     app = faust.App(
         group,
         broker=f"kafka://{bootstrap}",
@@ -53,7 +57,9 @@ def run(
     @app.agent(source)
     async def consume(stream: Any) -> None:
         async for event in stream.events():
-            meter.handle(event.value, event.message.timestamp * 1000.0)
+            message = event.message
+            meter.handle(event.value, message.timestamp * 1000.0, event.key,
+                         message.partition, message.offset)
             if meter.seen == count:
                 # stopping from inside the agent deadlocks (the worker waits for
                 # this very event to be acknowledged): stop from another task

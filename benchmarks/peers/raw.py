@@ -24,15 +24,23 @@ def run(
     *,
     group: str,
     mode: str = "raw",
-    latency: bool = False,
-    ids_path: str | None = None,
+    latency: str | None = None,
+    store: str | None = None,
+    kill_at: int | None = None,
+    journal: str | None = None,
+    out_topic: str | None = None,
+    idle_exit: float | None = None,
     timeout: float = 300.0,
 ) -> dict[str, Any]:
-    """Consume ``count`` messages with the ``mode`` loop; return the shared figures."""
-    meter = Meter(count, latency=latency, ids_path=ids_path)
+    """Consume ``count`` messages with the ``mode`` loop; return the shared figures.
+
+    ``out_topic`` and ``idle_exit`` are not used (no output; the loop stops at ``count``).
+    """
+    meter = Meter(count, latency=latency, store=store, kill_at=kill_at, journal=journal)
 
     def handler(message: Message) -> None:
-        meter.handle(message.value(), message.timestamp()[1])
+        meter.handle(message.value(), message.timestamp()[1], message.key(),
+                     message.partition(), message.offset())
 
     inner = raw_loop.run(bootstrap, topic, count, mode, group=group, handler=handler,
                          timeout=timeout)

@@ -1,21 +1,27 @@
 """Run the contenders against one broker, take medians, write results.
 
-``python -m benchmarks.peers --count N --sizes 100,1024 --repeat 3``
+``python -m benchmarks.peers`` (the full run: 1,000,000 messages per run,
+100 B and 1 KiB values, 3 repeats, latency and the SIGKILL test);
+``python -m benchmarks.peers --quick`` (a small smoke run of the same).
 
 1. Start the bundled broker (or use ``--bootstrap``); for each size create a
    topic of 8 partitions and produce ``N`` messages (1,000 keys) once.
 2. Throughput: for each repeat, every contender slot, every size
    (round-robin, so drifting load hits all alike), one worker process per run
-   with a fresh consumer group; medians of rate, CPU s per million and peak
-   RSS across repeats.
-3. Latency (unless ``--latency-seconds 0``): for each slot in
-   :data:`LATENCY_SLOTS`, a fresh topic, a worker started first, then
-   messages produced in this process at a paced ``--latency-rate`` for
-   ``--latency-seconds``; p50/p99/p999 of now minus the produce timestamp.
-4. Duplicates (``--kill``): a worker handling ``N`` messages (appending ids to
-   a file) gets SIGKILL half-way; a second one in the same group runs until
-   every id was seen; duplicates = ids seen twice.
-5. Write ``benchmarks/results/peers.json``, the PNG charts and the table in
+   with a fresh consumer group (and a fresh output topic, deleted after the
+   run); medians of rate, CPU s per million, peak RSS and the worker's whole
+   process CPU (``RUSAGE_CHILDREN``) across repeats.
+3. Latency (unless ``--latency-seconds 0``): for every slot, a fresh topic,
+   a worker started first, then messages produced in this process at a paced
+   ``--latency-rate`` for ``--latency-seconds`` while the worker consumes;
+   p50/p99/p999 from the produce timestamp to the end of the handler
+   (at-least-once) or to the commit of the transaction holding the message
+   (exactly-once).
+4. Duplicates (unless ``--no-kill``): :mod:`benchmarks.peers.kill`, a SIGKILL
+   half-way and a restart per slot, stored effects counted by
+   :func:`htmqc.audit.audit`.
+5. The goals of issue 9 (:func:`goals`), printed and stored.
+6. Write ``benchmarks/results/peers.json``, the PNG charts and the table in
    ``benchmarks/README.md`` between the marker comments.
 """
 
@@ -25,37 +31,49 @@ import argparse
 import json
 import os
 import platform
-import signal
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchmarks.peers.contenders import BY_KEY, LATENCY_SLOTS, SLOTS, Slot
+from benchmarks.peers import kill
+from benchmarks.peers.contenders import BY_KEY, SLOTS, Slot
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 README = ROOT / "benchmarks" / "README.md"
 PARTITIONS = 8
 KEYS = 1000
+#: The full run (the defaults) and ``--quick`` (a smoke test of every measure).
+FULL = {"count": 1_000_000, "repeat": 3, "latency_seconds": 10.0, "kill_count": 50_000,
+        "timeout": 900.0}
+QUICK = {"count": 20_000, "repeat": 1, "latency_seconds": 6.0, "kill_count": 4_000,
+         "timeout": 180.0}
+#: Goals of issue 9: htmqc K→K ≥ 2× Quix exactly-once K→K; htmqc at-least-once ≥ 85% of raw.
+GOAL_KK_VS_QUIX = 2.0
+GOAL_ALO_VS_RAW = 0.85
 
 
 def worker_command(slot: Slot, bootstrap: str, topic: str, count: int, group: str, out: Path,
-                   *, latency: bool = False, ids: Path | None = None,
-                   timeout: float = 300.0) -> list[str]:
-    """The argv that runs ``slot`` in its own process."""
+                   *, latency: bool = False, store: str | None = None,
+                   kill_at: int | None = None, journal: str | None = None,
+                   out_topic: str | None = None,
+                   idle_exit: float | None = None, timeout: float = 300.0) -> list[str]:
+    """The argv that runs ``slot`` in its own process (see :mod:`benchmarks.peers.worker`)."""
     argv = [sys.executable, "-m", "benchmarks.peers.worker", slot.module, "--mode", slot.mode,
             "--bootstrap", bootstrap, "--topic", topic, "--count", str(count),
             "--group", group, "--out", str(out), "--timeout", str(timeout)]
     if latency:
         argv.append("--latency")
-    if ids is not None:
-        argv += ["--ids", str(ids)]
+    for flag, value in (("--store", store), ("--kill-at", kill_at), ("--journal", journal),
+                        ("--out-topic", out_topic), ("--idle-exit", idle_exit)):
+        if value is not None:
+            argv += [flag, str(value)]
     return argv
 
 
@@ -69,24 +87,69 @@ def _env() -> dict[str, str]:
     return env
 
 
-def run_worker(slot: Slot, bootstrap: str, topic: str, count: int, *, latency: bool = False,
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def spawn(argv: list[str], timeout: float) -> tuple[int, str]:
+    """Run ``argv`` to its end (killed after ``timeout`` + 60 s); exit code, last stderr line."""
+    try:
+        done = subprocess.run(argv, env=_env(), capture_output=True, text=True,
+                              timeout=timeout + 60, check=False)
+    except subprocess.TimeoutExpired:
+        return -1, f"timed out after {timeout + 60:g}s"
+    tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return done.returncode, tail[:300]
+
+
+def _output_topic(bootstrap: str, slot: Slot, topic: str) -> str | None:
+    if slot.mode != "exactly-once-kafka":
+        return None
+    from htmqc.broker import create_topic
+
+    out = f"{topic}-{slot.key}-{uuid.uuid4().hex[:6]}"
+    create_topic(bootstrap, out, PARTITIONS)
+    return out
+
+
+def _delete_topic(bootstrap: str, topic: str | None) -> None:
+    """Best-effort delete (frees the broker's memory between runs)."""
+    if topic is None:
+        return
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the result
+    try:
+        for future in admin.delete_topics([topic], operation_timeout=30).values():
+            future.result(timeout=30)
+    except Exception as exc:  # the broker may not delete; the run's figures stand anyway
+        print(f"  (could not delete {topic}: {exc})", flush=True)
+
+
+def run_worker(slot: Slot, bootstrap: str, topic: str, count: int, *,
                timeout: float = 300.0) -> dict[str, Any]:
-    """Run one contender to completion; its figures, or ``{"error": ...}``."""
-    with tempfile.TemporaryDirectory(prefix="peers-") as work:
-        out = Path(work) / "result.json"
-        group = f"peers-{slot.key}-{uuid.uuid4().hex[:8]}"
-        argv = worker_command(slot, bootstrap, topic, count, group, out, latency=latency,
-                              timeout=timeout)
-        try:
-            done = subprocess.run(argv, env=_env(), capture_output=True, text=True,
-                                  timeout=timeout + 60, check=False)
-        except subprocess.TimeoutExpired:
-            return {"error": f"timed out after {timeout + 60:g}s"}
-        if done.returncode != 0 or not out.exists():
-            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            return {"error": f"exit {done.returncode}: {tail[:300]}"}
-        result: dict[str, Any] = json.loads(out.read_text())
-        return result
+    """Run one contender to completion; its figures, or ``{"error": ...}``.
+
+    Adds ``cpu_s_process``: the worker process's whole CPU time (start-up,
+    group join and shutdown included), from ``RUSAGE_CHILDREN``.
+    """
+    out_topic = _output_topic(bootstrap, slot, topic)
+    try:
+        with tempfile.TemporaryDirectory(prefix="peers-") as work:
+            out = Path(work) / "result.json"
+            group = f"peers-{slot.key}-{uuid.uuid4().hex[:8]}"
+            before = _children_cpu()
+            code, err = spawn(worker_command(slot, bootstrap, topic, count, group, out,
+                                             out_topic=out_topic, timeout=timeout), timeout)
+            cpu = _children_cpu() - before
+            if code != 0 or not out.exists():
+                return {"error": f"exit {code}: {err}"}
+            result: dict[str, Any] = json.loads(out.read_text())
+            result["cpu_s_process"] = round(cpu, 3)
+            return result
+    finally:
+        _delete_topic(bootstrap, out_topic)
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -103,6 +166,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "rate": _median([r.get("rate") for r in ok]),
         "cpu_s_per_million": _median([r.get("cpu_s_per_million") for r in ok]),
         "peak_rss_mib": _median([r.get("peak_rss_mib") for r in ok]),
+        "cpu_s_process": _median([r.get("cpu_s_process") for r in ok]),
         "rates": [r.get("rate") for r in ok],
     }
     errors = sorted({r["error"] for r in runs if "error" in r})
@@ -114,15 +178,13 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def throughput(bootstrap: str, slots: list[Slot], sizes: list[int], count: int, repeat: int,
                timeout: float) -> dict[str, Any]:
     """Round-robin runs of every slot on every size; ``{size: {slot: summary}}``."""
-    from htmqc.broker import create_topic
     from htmqc.produce import produce
 
     topics: dict[int, str] = {}
     for size in sizes:
         topic = f"peers-{size}-{uuid.uuid4().hex[:6]}"
-        produce(bootstrap, topic, count, keys=KEYS, size=size, partitions=PARTITIONS)
-        for suffix in ("-quix-out", "-htmqc-out"):
-            create_topic(bootstrap, topic + suffix, PARTITIONS)
+        made = produce(bootstrap, topic, count, keys=KEYS, size=size, partitions=PARTITIONS)
+        print(f"produced {count:,} x {size} B in {made.seconds:.1f}s", flush=True)
         topics[size] = topic
     raw_runs: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for n in range(repeat):
@@ -142,8 +204,8 @@ def throughput(bootstrap: str, slots: list[Slot], sizes: list[int], count: int, 
     return out
 
 
-def paced_produce(bootstrap: str, topic: str, rate: float, seconds: float) -> int:
-    """Produce ``rate`` msg/s for ``seconds`` (100-byte values); returns the count."""
+def paced_produce(bootstrap: str, topic: str, rate: float, seconds: float) -> dict[str, Any]:
+    """Produce ``rate`` msg/s for ``seconds`` (100-byte values); count and achieved rate."""
     from confluent_kafka import Producer
 
     from htmqc.kafka_defaults import producer_config
@@ -163,96 +225,118 @@ def paced_produce(bootstrap: str, topic: str, rate: float, seconds: float) -> in
                 producer.poll(0.01)
         producer.poll(0)
         time.sleep(0.001)
+    elapsed = time.perf_counter() - start
     producer.flush(30)
-    return total
+    return {"count": total, "achieved_rate": round(total / elapsed) if elapsed > 0 else None}
 
 
 def latency(bootstrap: str, slots: list[Slot], rate: float, seconds: float,
             timeout: float) -> dict[str, Any]:
-    """End-to-end latency of each slot at a paced offered load."""
+    """End-to-end latency of each slot at a paced offered load (producer runs concurrently)."""
     from htmqc.broker import create_topic
 
     out: dict[str, Any] = {}
     for slot in slots:
         topic = f"peers-lat-{slot.key}-{uuid.uuid4().hex[:6]}"
         create_topic(bootstrap, topic, PARTITIONS)
+        out_topic = _output_topic(bootstrap, slot, topic)
         total = int(rate * seconds)
         with tempfile.TemporaryDirectory(prefix="peers-lat-") as work:
             result_path = Path(work) / "result.json"
             group = f"peers-lat-{uuid.uuid4().hex[:8]}"
             argv = worker_command(slot, bootstrap, topic, total, group, result_path,
-                                  latency=True, timeout=timeout)
+                                  latency=True, out_topic=out_topic, timeout=timeout)
             proc = subprocess.Popen(argv, env=_env(), stdout=subprocess.DEVNULL,
                                     stderr=subprocess.PIPE, text=True)
             try:
                 time.sleep(1.0)  # the worker joins while the first messages arrive
-                paced_produce(bootstrap, topic, rate, seconds)
+                produced = paced_produce(bootstrap, topic, rate, seconds)
                 _, err = proc.communicate(timeout=timeout)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.communicate()
                 out[slot.key] = {"error": f"timed out after {timeout:g}s"}
                 continue
+            finally:
+                _delete_topic(bootstrap, out_topic)
             if proc.returncode != 0 or not result_path.exists():
                 tail = (err.strip().splitlines() or ["no output"])[-1]
                 out[slot.key] = {"error": f"exit {proc.returncode}: {tail[:300]}"}
                 continue
             result = json.loads(result_path.read_text())
         out[slot.key] = {"offered_rate": rate, "seconds": seconds,
-                         "latency_ms": result["latency_ms"],
+                         "achieved_rate": produced["achieved_rate"],
+                         "ends_at": result["latency_at"], "latency_ms": result["latency_ms"],
                          "samples_ms": result["latency_samples_ms"]}
-        print(f"latency {slot.key:<10} {result['latency_ms']}", flush=True)
+        print(f"latency {slot.key:<10} to {result['latency_at']}: {result['latency_ms']}",
+              flush=True)
     return out
 
 
-def _lines(path: Path) -> list[int]:
-    try:
-        return [int(x) for x in path.read_text().split()]
-    except FileNotFoundError:
-        return []
+def duplicates(bootstrap: str, slots: list[Slot], count: int, timeout: float) -> dict[str, Any]:
+    """:func:`benchmarks.peers.kill.duplicates_after_kill` for every slot."""
+    out: dict[str, Any] = {}
+    for slot in slots:
+        def command(s: Slot, topic: str, n: int, group: str, path: Path,
+                    **options: Any) -> list[str]:
+            return worker_command(s, bootstrap, topic, n, group, path, timeout=timeout,
+                                  **options)
+
+        try:
+            out[slot.key] = kill.duplicates_after_kill(bootstrap, slot, count, timeout,
+                                                       command, spawn)
+        except Exception as exc:  # one contender's failure must not lose the others' figures
+            out[slot.key] = {"count": count, "error": f"{type(exc).__name__}: {exc}"[:300]}
+        print(f"kill {slot.key:<10} {out[slot.key]}", flush=True)
+    return out
 
 
-def duplicates_after_kill(bootstrap: str, slot: Slot, count: int, timeout: float) -> dict[str, Any]:
-    """SIGKILL one worker half-way, let a second finish; count ids seen twice."""
-    from htmqc.produce import produce
+def goals(doc: dict[str, Any]) -> dict[str, Any]:
+    """The issue's goals per value size, from the throughput medians and the kill test.
 
-    topic = f"peers-kill-{slot.key}-{uuid.uuid4().hex[:6]}"
-    produce(bootstrap, topic, count, keys=KEYS, size=100, partitions=PARTITIONS)
-    if slot.mode == "exactly-once-kafka" or slot.key.endswith("_kk"):
-        from htmqc.broker import create_topic
+    ``kk_vs_quix``: htmqc exactly-once Kafka→Kafka over Quix exactly-once
+    Kafka→Kafka (goal ≥ 2); ``alo_vs_raw``: htmqc at-least-once over the raw
+    loop (goal ≥ 0.85); ``kk_duplicates``: stored duplicates of htmqc K→K
+    after the SIGKILL (goal 0). A ratio is None where a side was not measured.
+    """
+    def ratio(by_slot: dict[str, Any], top: str, bottom: str) -> float | None:
+        a = (by_slot.get(top) or {}).get("rate")
+        b = (by_slot.get(bottom) or {}).get("rate")
+        return round(a / b, 3) if a and b else None
 
-        for suffix in ("-quix-out", "-htmqc-out"):
-            create_topic(bootstrap, topic + suffix, PARTITIONS)
-    group = f"peers-kill-{uuid.uuid4().hex[:8]}"
-    with tempfile.TemporaryDirectory(prefix="peers-kill-") as work:
-        ids = Path(work) / "ids.txt"
-        deadline = time.monotonic() + timeout
-        first = subprocess.Popen(
-            worker_command(slot, bootstrap, topic, count * 10, group, Path(work) / "a.json",
-                           ids=ids, timeout=timeout),
-            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        while len(_lines(ids)) < count // 2 and first.poll() is None:
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        killed_at = len(_lines(ids))
-        first.send_signal(signal.SIGKILL)
-        first.wait()
-        second = subprocess.Popen(
-            worker_command(slot, bootstrap, topic, count * 10, group, Path(work) / "b.json",
-                           ids=ids, timeout=timeout),
-            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        while len(set(_lines(ids))) < count and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(1.0)  # let late duplicates land
-        second.send_signal(signal.SIGKILL)
-        second.wait()
-        seen = Counter(_lines(ids))
-    dup = sum(n - 1 for n in seen.values() if n > 1)
-    result = {"count": count, "killed_after": killed_at, "distinct": len(seen),
-              "duplicates": dup, "missing": count - len(seen)}
-    print(f"kill {slot.key:<10} {result}", flush=True)
-    return result
+    out: dict[str, Any] = {}
+    for size, by_slot in doc.get("throughput", {}).items():
+        kk = ratio(by_slot, "htmqc_kk", "quix_kk")
+        alo = ratio(by_slot, "htmqc_alo", "raw")
+        out[size] = {
+            "kk_vs_quix": kk, "kk_vs_quix_met": None if kk is None else kk >= GOAL_KK_VS_QUIX,
+            "alo_vs_raw": alo, "alo_vs_raw_met": None if alo is None else alo >= GOAL_ALO_VS_RAW,
+        }
+    killed = (doc.get("duplicates_after_kill") or {}).get("htmqc_kk") or {}
+    if "duplicates" in killed:
+        out["kk_duplicates"] = killed["duplicates"]
+        out["kk_duplicates_met"] = killed["duplicates"] == 0 and killed["lost"] == 0
+    return out
+
+
+def goals_text(result: dict[str, Any]) -> str:
+    """The goals check as lines for people."""
+    def mark(met: bool | None) -> str:
+        return "not measured" if met is None else ("MET" if met else "MISSED")
+
+    lines = []
+    for size, g in result.items():
+        if not isinstance(g, dict):
+            continue
+        kk = "—" if g["kk_vs_quix"] is None else f"{g['kk_vs_quix']:.2f}x"
+        alo = "—" if g["alo_vs_raw"] is None else f"{g['alo_vs_raw']:.0%}"
+        lines.append(f"goal {size:>5} B: htmqc K->K vs Quix EO K->K {kk} (>= "
+                     f"{GOAL_KK_VS_QUIX:g}x: {mark(g['kk_vs_quix_met'])}); htmqc at-least-once "
+                     f"vs raw {alo} (>= {GOAL_ALO_VS_RAW:.0%}: {mark(g['alo_vs_raw_met'])})")
+    if "kk_duplicates" in result:
+        lines.append(f"goal htmqc K->K duplicates after SIGKILL: {result['kk_duplicates']} "
+                     f"(0, nothing lost: {mark(result['kk_duplicates_met'])})")
+    return "\n".join(lines)
 
 
 def machine() -> dict[str, Any]:
@@ -286,21 +370,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.peers",
                                      description="Benchmark htmqc against peer consumers.")
-    parser.add_argument("--count", type=int, default=100_000, help="messages per run")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"a small run of every measure (defaults {QUICK}, not {FULL})")
+    parser.add_argument("--count", type=int, default=None,
+                        help=f"messages per throughput run (default {FULL['count']:,})")
     parser.add_argument("--sizes", default="100,1024", help="value sizes in bytes, comma-separated")
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=None,
+                        help=f"throughput runs per slot and size (default {FULL['repeat']})")
     parser.add_argument("--contenders", default=",".join(s.key for s in SLOTS),
                         help="slot keys, comma-separated: " + ",".join(s.key for s in SLOTS))
     parser.add_argument("--bootstrap", default=None, help="use this broker instead of starting one")
     parser.add_argument("--latency-rate", type=float, default=20_000.0)
-    parser.add_argument("--latency-seconds", type=float, default=10.0, help="0 skips latency")
-    parser.add_argument("--kill", action="store_true", help="also measure duplicates after SIGKILL")
-    parser.add_argument("--kill-count", type=int, default=50_000)
-    parser.add_argument("--timeout", type=float, default=300.0, help="per contender run")
+    parser.add_argument("--latency-seconds", type=float, default=None, help="0 skips latency")
+    parser.add_argument("--kill", action="store_true",
+                        help="duplicates after SIGKILL (on by default; accepted for old commands)")
+    parser.add_argument("--no-kill", action="store_true", help="skip the SIGKILL test")
+    parser.add_argument("--kill-count", type=int, default=None)
+    parser.add_argument("--timeout", type=float, default=None, help="per contender run, seconds")
     parser.add_argument("--results", type=Path, default=RESULTS_DIR)
     parser.add_argument("--readme", type=Path, default=README)
     parser.add_argument("--no-charts", action="store_true")
     args = parser.parse_args(argv)
+    preset = QUICK if args.quick else FULL
+    for name, value in preset.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     keys = [k.strip() for k in args.contenders.split(",") if k.strip()]
     unknown = [k for k in keys if k not in BY_KEY]
     if unknown:
@@ -311,8 +405,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"--sizes must be integers like 100,1024, got {args.sizes!r}")
     if any(s < 12 for s in args.sizes):
         parser.error("--sizes must be at least 12 bytes (the id is 12 digits)")
-    if args.count <= 0 or args.repeat <= 0:
-        parser.error("--count and --repeat must be positive")
+    if args.count <= 0 or args.repeat <= 0 or args.kill_count < 2:
+        parser.error("--count and --repeat must be positive, --kill-count at least 2")
+    if args.kill and args.no_kill:
+        parser.error("--kill and --no-kill contradict each other; pass one")
     args.slots = [BY_KEY[k] for k in keys]
     return args
 
@@ -330,23 +426,23 @@ def measure(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
         "slots": {s.key: {"label": s.label, "module": s.module, "mode": s.mode}
                   for s in args.slots},
     }
+    started = time.monotonic()
     doc["throughput"] = throughput(bootstrap, args.slots, args.sizes, args.count, args.repeat,
                                    args.timeout)
-    lat_slots = [s for s in args.slots if s.key in LATENCY_SLOTS]
-    if args.latency_seconds > 0 and lat_slots:
-        doc["latency"] = latency(bootstrap, lat_slots, args.latency_rate, args.latency_seconds,
+    if args.latency_seconds > 0:
+        doc["latency"] = latency(bootstrap, args.slots, args.latency_rate, args.latency_seconds,
                                  args.timeout)
-    if args.kill:
-        doc["duplicates_after_kill"] = {
-            s.key: duplicates_after_kill(bootstrap, s, args.kill_count, args.timeout)
-            for s in args.slots if s.key != "naive"
-        }
+    if not args.no_kill:
+        doc["duplicates_after_kill"] = duplicates(bootstrap, args.slots, args.kill_count,
+                                                  args.timeout)
+    doc["goals"] = goals(doc)
     doc["load_1m_at_end"] = round(os.getloadavg()[0], 2)
+    doc["wall_seconds"] = round(time.monotonic() - started, 1)
     return doc
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Measure, then write JSON, charts and the README table."""
+    """Measure, then write JSON, charts and the README table; print the goals check."""
     from benchmarks.charts import write_charts
     from benchmarks.peers.table import update_readme
 
@@ -359,9 +455,11 @@ def main(argv: list[str] | None = None) -> int:
         with start_broker() as broker:
             doc = measure(args, broker.bootstrap)
     args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / "peers.json").write_text(json.dumps(doc, indent=2) + "\n")
     if not args.no_charts:
         doc["charts"] = [str(p.name) for p in write_charts(doc, args.results)]
+    (args.results / "peers.json").write_text(json.dumps(doc, indent=2) + "\n")
     update_readme(args.readme, doc)
-    print(f"wrote {args.results / 'peers.json'} and the table in {args.readme}")
+    print(goals_text(doc["goals"]))
+    print(f"wrote {args.results / 'peers.json'} and the table in {args.readme} "
+          f"({doc['wall_seconds']:.0f} s measuring)")
     return 0

@@ -23,8 +23,8 @@ def _num(value: float | None, digits: int = 0) -> str:
 def throughput_table(doc: dict[str, Any]) -> list[str]:
     """One row per slot and size: medians and the ratio to the raw loop."""
     rows = ["| contender | value size | msg/s (median) | × raw loop | CPU s / 1M msgs "
-            "| peak RSS MiB | runs ok | messages |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+            "| peak RSS MiB | process CPU s | runs ok | messages |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for size, by_slot in doc["throughput"].items():
         raw = (by_slot.get("raw") or {}).get("rate")
         for key, s in by_slot.items():
@@ -33,11 +33,12 @@ def throughput_table(doc: dict[str, Any]) -> list[str]:
             ratio = f"{rate / raw:.2f}" if rate and raw else "—"
             if s.get("errors") and not s.get("ok"):
                 rows.append(f"| {label} | {size} B | not measured: {s['errors'][0][:120]} "
-                            f"| — | — | — | 0/{s['repeats']} | {s['count']:,} |")
+                            f"| — | — | — | — | 0/{s['repeats']} | {s['count']:,} |")
                 continue
             rows.append(f"| {label} | {size} B | {_num(rate)} | {ratio} | "
                         f"{_num(s.get('cpu_s_per_million'), 2)} | {_num(s.get('peak_rss_mib'), 1)} "
-                        f"| {s['ok']}/{s['repeats']} | {s['count']:,} |")
+                        f"| {_num(s.get('cpu_s_process'), 1)} | {s['ok']}/{s['repeats']} "
+                        f"| {s['count']:,} |")
     return rows
 
 
@@ -47,44 +48,88 @@ def latency_table(doc: dict[str, Any]) -> list[str]:
     if not lat:
         return ["End-to-end latency: not measured in this run."]
     first = next((v for v in lat.values() if "offered_rate" in v), None)
-    head = (f"End-to-end latency (receive time − produce timestamp) at "
-            f"{_num(first['offered_rate'])} msg/s offered for {first['seconds']:g} s, 100 B values:"
+    head = (f"End-to-end latency at {_num(first['offered_rate'])} msg/s offered for "
+            f"{first['seconds']:g} s (100 B values, a paced producer running while the contender "
+            "consumes), from the produce timestamp to the end of the handler (at-least-once) or "
+            "to the commit of the transaction holding the message (exactly-once):"
             if first else "End-to-end latency:")
-    rows = [head, "", "| contender | samples | p50 ms | p99 ms | p99.9 ms | max ms |",
-            "|---|---:|---:|---:|---:|---:|"]
+    rows = [head, "", "| contender | ends at | samples | p50 ms | p99 ms | p99.9 ms | max ms "
+            "| offered msg/s achieved |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for key, v in lat.items():
         label = doc["slots"][key]["label"]
         if "error" in v:
-            rows.append(f"| {label} | not measured: {v['error'][:120]} | | | | |")
+            rows.append(f"| {label} | not measured: {v['error'][:120]} | | | | | | |")
             continue
         m = v["latency_ms"]
-        rows.append(f"| {label} | {m['n']:,} | {_num(m['p50'], 1)} | {_num(m['p99'], 1)} "
-                    f"| {_num(m['p999'], 1)} | {_num(m['max'], 1)} |")
+        rows.append(f"| {label} | {v.get('ends_at', 'handler')} | {m['n']:,} "
+                    f"| {_num(m['p50'], 1)} | {_num(m['p99'], 1)} | {_num(m['p999'], 1)} "
+                    f"| {_num(m['max'], 1)} | {_num(v.get('achieved_rate'))} |")
     return rows
 
 
 def kill_table(doc: dict[str, Any]) -> list[str]:
-    """Duplicates after one SIGKILL half-way, per slot."""
+    """Stored duplicates after one SIGKILL half-way, per slot (counted by ``htmqc.audit``)."""
     kills = doc.get("duplicates_after_kill") or {}
     if not kills:
-        return ["Duplicates after SIGKILL: not measured in this run (`--kill`)."]
-    rows = ["Duplicates after one SIGKILL half-way (ids handled twice; a restart in the same group "
-            "finishes the topic):", "",
-            "| contender | messages | killed after | duplicates | missing |",
-            "|---|---:|---:|---:|---:|"]
+        return ["Duplicates after SIGKILL: not measured in this run (`--no-kill`)."]
+    rows = ["Stored effects after one SIGKILL half-way and a restart in the same group, counted "
+            "by the audit checker (`htmqc.audit`): duplicate ids = ids stored more than once, "
+            "extra = copies beyond the first:", "",
+            "| contender | effect store | messages | killed after | restart handled "
+            "| stored effects | duplicate ids | extra | lost | audit |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for key, v in kills.items():
-        rows.append(f"| {doc['slots'][key]['label']} | {v['count']:,} | {v['killed_after']:,} "
-                    f"| {v['duplicates']:,} | {v['missing']:,} |")
+        label = doc["slots"][key]["label"]
+        if "error" in v:
+            rows.append(f"| {label} | {v.get('store', '—')} | {v['count']:,} | not measured: "
+                        f"{v['error'][:120]} | | | | | | |")
+            continue
+        anomalies = ", ".join(f"{k} {n:,}" for k, n in v["anomalies"].items()) or "OK"
+        if v.get("output_settled") is False:
+            anomalies += " (output still open at the deadline)"
+        if "as_served" in v:
+            anomalies += (f"; as the broker served it: {v['as_served']['duplicates']:,} duplicate "
+                          f"ids, {v['aborted_copies_hidden']:,} aborted copies hidden")
+        rows.append(f"| {label} | {v['store']} | {v['count']:,} | {v['killed_after']:,} "
+                    f"| {v.get('restart_handled', 0):,} | {v['effects']:,} "
+                    f"| {v['duplicates']:,} | {v['extra_effects']:,} | {v['lost']:,} "
+                    f"| {anomalies} |")
+    return rows
+
+
+def goals_table(doc: dict[str, Any]) -> list[str]:
+    """The issue's goals, met or missed (``doc["goals"]``, see ``runner.goals``)."""
+    goals = doc.get("goals") or {}
+    if not goals:
+        return []
+
+    def mark(met: bool | None) -> str:
+        return "not measured" if met is None else ("**met**" if met else "**missed**")
+
+    rows = ["Goals (issue 9):", ""]
+    for size, g in goals.items():
+        if not isinstance(g, dict):
+            continue
+        kk = "—" if g["kk_vs_quix"] is None else f"{g['kk_vs_quix']:.2f}×"
+        alo = "—" if g["alo_vs_raw"] is None else f"{g['alo_vs_raw']:.0%}"
+        rows.append(f"- {size} B: htmqc exactly-once Kafka→Kafka = {kk} Quix exactly-once "
+                    f"Kafka→Kafka (goal ≥ 2×: {mark(g['kk_vs_quix_met'])}); htmqc at-least-once "
+                    f"= {alo} of the raw loop (goal ≥ 85%: {mark(g['alo_vs_raw_met'])})")
+    if "kk_duplicates" in goals:
+        rows.append(f"- htmqc exactly-once Kafka→Kafka after SIGKILL: {goals['kk_duplicates']} "
+                    f"duplicates, nothing lost (goal 0: {mark(goals['kk_duplicates_met'])})")
     return rows
 
 
 def render(doc: dict[str, Any]) -> str:
     """The Markdown block (without markers) for ``doc``."""
     m = doc["machine"]
+    wall = doc.get("wall_seconds")
     lines = [
         f"Measured {doc['started_utc']} with `{doc['command']}`: {doc['count']:,} messages "
         f"per run, {doc['partitions']} partitions, 1,000 keys, median of {doc['repeat']} "
-        "interleaved runs, each contender in its own process with a fresh consumer group.",
+        "interleaved runs, each contender in its own process with a fresh consumer group"
+        + (f"; {wall / 60:.0f} min in all." if wall else "."),
         "",
         f"Machine: {m['cores']} cores, {m['memory_gib']} GiB, Python {m['python']}, "
         f"confluent-kafka {m['confluent_kafka']} / librdkafka {m['librdkafka']}, broker: "
@@ -97,6 +142,9 @@ def render(doc: dict[str, Any]) -> str:
         "",
         *kill_table(doc),
     ]
+    goals = goals_table(doc)
+    if goals:
+        lines += ["", *goals]
     if doc.get("charts"):
         lines += ["", *[f"![{name}](results/{name})" for name in doc["charts"]]]
     return "\n".join(lines)
