@@ -79,6 +79,7 @@ FIELDS: dict[str, tuple[type, Any]] = {
     "retry_topic": (bool, False),
     "retry_topic_ms": (float, 5000.0),
     "permanent_errors": (str, None),
+    "member_id": (str, None),
     "retryable_errors": (str, None),
 }
 REQUIRED = ("bootstrap", "topic", "group")

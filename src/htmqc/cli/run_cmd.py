@@ -46,6 +46,11 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--create-topic", type=int, metavar="PARTITIONS", help="create the topic if it is missing"
     )
+    p.add_argument(
+        "--member-id",
+        help="stable name of this member (transactional id, static membership); unique per "
+        "live member",
+    )
     p.add_argument("--max-messages", type=int, help="stop after N messages finished")
     p.add_argument(
         "--idle-exit", type=float, metavar="SECONDS", help="stop when nothing arrived for SECONDS"

@@ -171,6 +171,7 @@ def build_engine(
             options.sink,
             bootstrap=options.bootstrap,
             kafka_config=producer_overrides(options.kafka_config),
+            member_id=options.member_id,
         )
     check_topic(
         options.bootstrap,
@@ -188,6 +189,8 @@ def build_engine(
                 _ensure_topic(options.bootstrap, name, options.kafka_config)
     engine: list[Engine] = []
     config = consumer_config(options.bootstrap, options.group, dict(options.kafka_config))
+    if options.member_id and "group.instance.id" not in config:
+        config["group.instance.id"] = options.member_id
     config["on_commit"] = lambda err, parts: engine[0].on_commit(err, parts)
     try:
         consumer = Consumer(config)

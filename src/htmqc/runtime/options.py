@@ -34,6 +34,12 @@ class RunOptions:
     ``permanent_errors`` / ``retryable_errors``: comma-separated
     ``module:Class`` exception types the handler may raise, classified as
     :class:`~htmqc.Permanent` / :class:`~htmqc.Retryable` (most specific wins).
+    ``member_id``: a name for this member that stays the same across restarts
+    (and differs between live members): it becomes the Kafka sink's
+    ``transactional.id`` (``htmqc-GROUP-MEMBER``), so a restarted member fences
+    and aborts its crashed predecessor's open transaction at once, and the
+    consumer's ``group.instance.id`` (static membership: a quick restart keeps
+    its partitions). Without it the transactional id is random per process.
     ``retry_topic``: backoffs of at least ``retry_topic_ms`` wait in
     ``<topic>.retry`` instead of in memory (:mod:`htmqc.runtime.retry_topic`).
     Flow: ``flow`` (:data:`FLOWS`), ``min_in_flight``, ``latency_target_ms``
@@ -80,4 +86,5 @@ class RunOptions:
     retry_topic: bool = False
     retry_topic_ms: float = 5000.0
     permanent_errors: str | None = None
+    member_id: str | None = None
     retryable_errors: str | None = None

@@ -26,10 +26,18 @@ and ``fence``.
 
 Subclasses give the dialect: placeholder, clock expression, how a write
 transaction begins, the row-lock suffix, the DDL and the connection.
+
+Debug switch (unsafe, for showing that the chaos checker can fail): with
+``HTMQC_UNSAFE_DISABLE_FENCE=1`` in the environment when :meth:`SqlSink.open`
+runs, ``commit`` still locks and reads the fences but stores the positions even
+when one is stale, so a zombie's late transaction is committed. ``open`` logs a
+warning saying so. Never set it outside that test.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
@@ -48,6 +56,10 @@ from htmqc.sinks.base import (
 from htmqc.sinks.encoding import decode_finished, encode_finished
 
 _SAVEPOINT = "htmqc_msg"
+#: Environment variable that disables the fence check (see module docs).
+UNSAFE_DISABLE_FENCE_ENV = "HTMQC_UNSAFE_DISABLE_FENCE"
+
+log = logging.getLogger("htmqc.sinks")
 
 
 class SqlSink(ABC):
@@ -72,6 +84,8 @@ class SqlSink(ABC):
         self.group = ""
         self._conn: Any = None
         self._txn: SqlTransaction | None = None
+        #: ``False`` only under the unsafe debug switch (see module docs).
+        self.fence_enabled = True
 
     # -- dialect -----------------------------------------------------------------------
 
@@ -96,6 +110,16 @@ class SqlSink(ABC):
         if self._conn is None:
             self._conn = self.connect()
         self.group = group
+        self.fence_enabled = os.environ.get(UNSAFE_DISABLE_FENCE_ENV, "") != "1"
+        if not self.fence_enabled:
+            log.warning(
+                "UNSAFE: %s=1: the %s sink %s does NOT check generation fences; a zombie's "
+                "late transaction WILL be stored (duplicates, positions moving backwards). "
+                "This switch exists only to show that the chaos checker catches it.",
+                UNSAFE_DISABLE_FENCE_ENV,
+                self.name,
+                self.display,
+            )
         with self.db_errors("creating the positions table"):
             self.create_tables(self._conn.cursor())
 
@@ -277,7 +301,7 @@ class SqlTransaction:
                         row = self._own.fetchone()
                         if row is None or int(row[0]) != fence:
                             stale.append(commit.tp)
-                    if stale:
+                    if stale and sink.fence_enabled:
                         raise Fenced.for_partitions(sink.name, stale)
                     for commit, _fence in ordered:
                         self._own.execute(
