@@ -16,7 +16,7 @@ LINTED := $(wildcard src tests model_checks proofs spec benchmarks examples)
 QUIET_PIP := { grep -v "^WARNING: Location 'file://" || true; }
 CROSSHAIR_TIMEOUT ?= 4
 
-.PHONY: help setup test lint typecheck pytest crosshair proofs tlc spec-check formal-tests verify verify-long bench bench-peers demo clean
+.PHONY: help setup test lint typecheck pytest crosshair proofs tlc spec-check formal-tests verify verify-long bench bench-peers chaos-long demo clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -80,6 +80,13 @@ $(PEERS_VENV)/.stamp: pyproject.toml
 	$(PEERS_VENV)/bin/python -m pip install -q -e . quixstreams==3.28.1 aiokafka \
 	  faust-streaming matplotlib 2>&1 | $(QUIET_PIP)
 	touch $@
+
+chaos-long: setup ## fault-injected runs: 1M msgs/8 partitions/3 consumers/24 faults, then 10M
+	$(PY) -m htmqc chaos --seed 1 --messages 1000000 --partitions 8 --consumers 3 --faults 24 \
+		--produce-seconds 240 --timeout 1500 --report benchmarks/results/chaos-long.json \
+		--trace-dir $${TMPDIR:-/tmp}/htmqc-chaos-long-traces
+	$(PY) -m htmqc chaos --seed 2 --messages 10000000 --partitions 8 --consumers 3 --faults 30 \
+		--produce-seconds 1200 --timeout 7200 --report benchmarks/results/chaos-10m.json
 
 bench-peers: $(PEERS_VENV)/.stamp ## htmqc against raw confluent-kafka, aiokafka, Quix, faust
 	HTMQC_CONTRACTS=0 $(PEERS_VENV)/bin/python -m benchmarks.peers --timeout 600 $(PEERS_ARGS)

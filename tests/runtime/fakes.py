@@ -109,9 +109,10 @@ class FakeConsumer:
             self.positions[(p.topic, p.partition)] = p.offset
 
     def incremental_unassign(self, parts: list[KafkaTP]) -> None:
+        # Like librdkafka, a pause outlives unassign: it still holds if the
+        # partition is assigned again (checked against Tansu).
         for p in parts:
             self.positions.pop((p.topic, p.partition), None)
-            self.paused.discard((p.topic, p.partition))
 
     def pause(self, parts: list[KafkaTP]) -> None:
         self.pause_events += 1

@@ -116,3 +116,18 @@ def test_a_fenced_partition_still_assigned_after_the_session_is_claimed_again(
     b.run_backlog()
     b.commit(force=True)
     assert TP in b.fenced
+
+
+def test_a_fenced_partition_assigned_back_after_a_loss_is_fetched_again(tmp_path: Path) -> None:
+    db = tmp_path / "z4.db"
+    a, ca = _member(db)
+    b, cb = _member(db)
+    a.on_assign(ca, [KafkaTP(TOPIC, 0)])
+    b.on_assign(cb, [KafkaTP(TOPIC, 0)])
+    a.dispatch(_messages(0, 3))
+    a.run_backlog()
+    a.commit(force=True)
+    assert TP in ca.paused, "the fenced partition was not paused"
+    a.on_lost(ca, [KafkaTP(TOPIC, 0)])  # the group takes it away ...
+    a.on_assign(ca, [KafkaTP(TOPIC, 0)])  # ... and later gives it back
+    assert TP not in ca.paused, "assigned back but still paused: it would never be fetched"

@@ -876,6 +876,10 @@ class Engine:
         consumer.incremental_assign([KafkaTP(t, p, starts[(t, p)]) for t, p in tps])
         if self.paused:
             consumer.pause([KafkaTP(t, p) for t, p in tps])
+        else:
+            # librdkafka keeps a partition's pause across unassign and assign: one
+            # paused when it was fenced (or waiting for a retry) would stay paused.
+            consumer.resume([KafkaTP(t, p) for t, p in tps])
 
     def on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         """Rebalance callback: finish (bounded), commit the watermark, let go."""

@@ -1,0 +1,1 @@
+"""Tests of the fault-injection harness: proxy, schedule, handler, chaos runs."""

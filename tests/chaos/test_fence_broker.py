@@ -1,0 +1,74 @@
+"""The checker can fail: with the generation fence disabled, a zombie's late
+transaction is stored, and the chaos run reports duplicates and fenced writes.
+
+Consumer A is SIGSTOPped while it works through a backlog (so it holds an open
+transaction with effects), stays stopped past the session timeout while B takes
+its partitions and stores them again, then wakes and commits its old
+transaction. With ``HTMQC_UNSAFE_DISABLE_FENCE=1`` the sink lets that commit
+through. A SQLite run with kills and network faults checks the other sink.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from htmqc.chaos.harness import ChaosConfig, run_chaos
+from htmqc.cli import main
+from tests.sinks.conftest import postgres_base_url
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+
+
+def pg_url() -> str:
+    url = postgres_base_url()
+    if url is None:
+        pytest.fail("PostgreSQL is not reachable at 127.0.0.1:5432 (database test)")
+    return url
+
+
+def test_zombie_without_fence_is_caught(tmp_path: Path) -> None:
+    config = ChaosConfig(
+        seed=3,
+        partitions=4,
+        consumers=2,
+        messages=40_000,
+        faults=1,
+        kinds=("zombie",),
+        pg_url=pg_url(),
+        produce_seconds=0.0,  # a backlog: A is inside a transaction when stopped
+        timeout=150.0,
+        work_dir=tmp_path / "work",
+        unsafe_disable_fence=True,
+        progress=False,
+    )
+    result = run_chaos(config)
+    print(result.summary())
+    assert [i["kind"] for i in result.injected] == ["zombie"]
+    assert result.completed
+    assert not result.ok
+    assert result.audit.counts["duplicate"] > 0
+    assert result.fenced_after_claim.count > 0
+    assert result.audit.counts["lost"] == 0
+    assert (
+        "UNSAFE"
+        in (tmp_path / "work" / "c0.log").read_text() + (tmp_path / "work" / "c1.log").read_text()
+    )
+
+
+def test_sqlite_run_with_kills_and_network_faults_via_the_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = tmp_path / "report.json"
+    argv = ["chaos", "--db", "sqlite", "--seed", "5", "--partitions", "3", "--messages", "20000"]
+    argv += ["--faults", "4", "--kinds", "kill,net-reset,net-drop,poison,sink-error"]
+    argv += ["--produce-seconds", "10", "--timeout", "150", "--work-dir", str(tmp_path / "w")]
+    assert main([*argv, "--report", str(report)]) == 0, capsys.readouterr().out
+    data = json.loads(report.read_text())
+    assert data["ok"] and data["completed"] and data["seed"] == 5
+    assert data["faults_injected"] == 4
+    assert data["audit"]["totals"]["dlq"] >= 1  # the poison ids were dead-lettered
+    assert data["audit"]["totals"]["effects"] + data["audit"]["totals"]["dlq"] == 20_000
+    assert "chaos seed 5: OK" in capsys.readouterr().out
