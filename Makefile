@@ -86,7 +86,7 @@ chaos-long: setup ## fault-injected runs: 1M msgs/8 partitions/3 consumers/24 fa
 		--produce-seconds 240 --timeout 1500 --report benchmarks/results/chaos-long.json \
 		--trace-dir $${TMPDIR:-/tmp}/htmqc-chaos-long-traces
 	$(PY) -m htmqc chaos --seed 2 --messages 10000000 --partitions 8 --consumers 3 --faults 30 \
-		--produce-seconds 1200 --timeout 7200 --report benchmarks/results/chaos-10m.json
+		--produce-seconds 600 --timeout 3600 --report benchmarks/results/chaos-10m.json
 
 bench-peers: $(PEERS_VENV)/.stamp ## htmqc against raw confluent-kafka, aiokafka, Quix, faust
 	HTMQC_CONTRACTS=0 $(PEERS_VENV)/bin/python -m benchmarks.peers --timeout 600 $(PEERS_ARGS)
