@@ -130,6 +130,9 @@ def run_zombie_and_successor(setup: Setup) -> None:
     txn = zombie.begin()
     with txn.message():
         txn.handle.send(None, b"zombie")
+    # The zombie's record is on the broker (in its open transaction) before the
+    # successor fences it, as with a real zombie that stalled mid-transaction.
+    assert txn._producer.flush(10) == 0
     successor = setup.sink("same")
     new_fence = successor.claim([setup.tp], default_start=lambda tp: 0)[setup.tp].fence
     with pytest.raises(Fenced) as info:
