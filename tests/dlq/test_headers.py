@@ -185,3 +185,12 @@ def test_any_input_is_parsed_or_refused_with_value_error(base: list[Any], junk_v
     for headers in (base, [*_good(), *base], junk_value, [junk_value]):
         with contextlib.suppress(ValueError):  # anything else fails the test
             parse_headers(headers)
+
+
+@pytest.mark.parametrize("seconds", [0.00021323250907199237, 1e-05, 0.0, 1795425905.280123])
+def test_failure_times_of_any_repr_round_trip(seconds: float) -> None:
+    """repr() writes up to 20 digits after the point (0.000213...): found by the
+    round-trip property above."""
+    from htmqc.dlq.headers import _seconds, _time
+
+    assert _time("t", _seconds(seconds)) == seconds

@@ -75,7 +75,9 @@ _REQUIRED = (
 )  # fmt: skip
 _KNOWN = frozenset({*_REQUIRED, KEY, SOURCE})
 _INT_RE = re.compile(r"0|[1-9][0-9]{0,18}")
-_FLOAT_RE = re.compile(r"-?[0-9]{1,17}(?:\.[0-9]{1,17})?(?:e[+-]?[0-9]{1,3})?")
+# repr(float): at most 17 significant digits, fixed notation from 1e-4 to 1e16, so at
+# most 3 leading zeros plus 17 digits after the point.
+_FLOAT_RE = re.compile(r"-?[0-9]{1,17}(?:\.[0-9]{1,20})?(?:e[+-]?[0-9]{1,3})?")
 _TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _ORIGIN_RE = re.compile(r"([A-Za-z0-9._-]{1,249})/(0|[1-9][0-9]{0,9})/(0|[1-9][0-9]{0,18})")
 
