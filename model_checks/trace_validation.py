@@ -242,7 +242,10 @@ def _parse(number: int, chunk: bytes) -> Line:
     state = None
     if raw_state:
         state = tuple(_int(raw_state.get(k), k) for k in ("next", "processed", "committed"))
-    above = tuple(_int(o, '"above"') for o in data.get("above", ()))
+    raw_above = data.get("above", [])
+    if not isinstance(raw_above, list):
+        raise ValueError('"above" is not a list')
+    above = tuple(_int(o, '"above"') for o in raw_above)
     return Line(number, p, ev, off, state, above)  # type: ignore[arg-type]
 
 

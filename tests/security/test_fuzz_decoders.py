@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from htmqc import secrets
@@ -314,6 +314,8 @@ TRACE_LINE = st.fixed_dictionaries(
 
 @FUZZ
 @given(data=st.binary(max_size=300) | st.lists(TRACE_LINE, max_size=8).map(jsonl))
+# found by this test: a null "above" was iterated (TypeError instead of a usage error)
+@example(data=b'{"p":"t/0","ev":"assign","state":{"next":0,"processed":0,"committed":0},"above":null}')
 def test_trace_reading_and_validation_raise_only_usage_error(data: bytes) -> None:
     path = scratch(data + b"\n", ".jsonl")
     try:
