@@ -16,7 +16,7 @@ LINTED := $(wildcard src tests model_checks proofs spec benchmarks examples)
 QUIET_PIP := { grep -v "^WARNING: Location 'file://" || true; }
 CROSSHAIR_TIMEOUT ?= 4
 
-.PHONY: help setup test lint typecheck pytest crosshair proofs tlc spec-check formal-tests verify verify-long bench bench-peers chaos-long demo clean
+.PHONY: help setup test lint typecheck pytest crosshair proofs tlc spec-check formal-tests verify verify-long profile bench bench-peers chaos-long demo clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -64,6 +64,9 @@ verify: crosshair proofs tlc spec-check formal-tests ## the proof gate: CrossHai
 verify-long: setup ## longer formal runs: TLC medium models, thorough Hypothesis profile
 	$(PY) -m model_checks.tlc_cli --config medium
 	HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -q -m formal
+
+profile: setup ## py-spy profile of the at-least-once engine (no broker): time by part and line
+	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.profile_engine
 
 bench: setup ## benchmarks; results go to benchmarks/results/
 	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.core_bench --contracts off

@@ -8,9 +8,14 @@ from collections import defaultdict
 from typing import Any
 
 import pytest
+from confluent_kafka import Message
+from hypothesis import given
+from hypothesis import strategies as st
 
+from htmqc.errors import RuntimeFailure
 from htmqc.runtime import Engine, RunOptions
-from tests.runtime.fakes import FakeConsumer, FakeProducer, make_logs
+from htmqc.runtime.engine import _ANY_READERS, _READERS
+from tests.runtime.fakes import FakeConsumer, FakeMessage, FakeProducer, make_logs
 
 TOPIC = "t"
 
@@ -216,3 +221,59 @@ def test_trace_records_core_transitions(tmp_path: Any) -> None:
     assert ("succeeded", 2) in events
     assert lines[-1]["state"]["committed"] == 3 or ("commit_acked", 3) in events
     assert all(x["p"] == f"{TOPIC}/0" for x in lines)
+
+
+class _ErrorMessage(FakeMessage):
+    """A consume result that is an error event, not a message."""
+
+    def __init__(self, fatal: bool) -> None:
+        super().__init__(TOPIC, 0, -1, None, b"")
+        self._fatal = fatal
+
+    def error(self) -> Any:
+        fatal = self._fatal
+
+        class _Err:
+            def fatal(self) -> bool:
+                return fatal
+
+            def str(self) -> str:
+                return "broker went away"
+
+        return _Err()
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from([TOPIC, f"{TOPIC}.retry"]), st.integers(0, 3)), max_size=60),
+    st.booleans(),
+)
+def test_batches_are_grouped_by_partition_in_order(
+    origins: list[tuple[str, int]], retry_topic: bool
+) -> None:
+    """However a consume batch interleaves partitions, dispatch sees each partition's
+    messages once, in their order (with one topic the runs are found in C)."""
+    if not retry_topic:
+        origins = [(TOPIC, p) for _, p in origins]
+    engine = engine_for(lambda m: None, FakeConsumer(TOPIC, {}), retry_topic=retry_topic)
+    for make, readers in (
+        (lambda t, p, i: FakeMessage(t, p, i, None, b""), _ANY_READERS),
+        (lambda t, p, i: Message(topic=t, partition=p, offset=i), _READERS[Message]),
+    ):
+        msgs = [make(t, p, i) for i, (t, p) in enumerate(origins)]
+        expected: dict[tuple[str, int], list[Any]] = {}
+        for m in msgs:
+            expected.setdefault((m.topic(), m.partition()), []).append(m)
+        grouped = list(engine._by_partition(msgs, readers[1]))
+        assert dict(grouped) == expected
+        assert len(grouped) == len(expected)
+
+
+def test_consumer_errors_are_dropped_and_a_fatal_one_stops_the_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine = engine_for(lambda m: None, FakeConsumer(TOPIC, {}))
+    ok = [FakeMessage(TOPIC, 0, i, None, b"v") for i in range(3)]
+    assert engine._drop_errors([ok[0], _ErrorMessage(fatal=False), *ok[1:]]) == ok
+    assert "broker went away" in caplog.text
+    with pytest.raises(RuntimeFailure, match="broker went away"):
+        engine.dispatch([ok[0], _ErrorMessage(fatal=True)])

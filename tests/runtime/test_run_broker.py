@@ -262,3 +262,19 @@ def test_poison_message_goes_to_the_dlq_at_least_once(
         assert probe.committed([TopicPartition(topic, 0)], timeout=10)[0].offset == 20
     finally:
         probe.close()
+
+
+def test_real_batches_take_the_c_level_readers(broker: Broker, new_topic: Any) -> None:
+    """What librdkafka hands out is the type dispatch reads in C (``_READERS``); were it
+    another type, every message would take the slow by-name path (correct, but
+    several times the cost), and the at-least-once benchmark would show it."""
+    from htmqc.runtime import RunOptions, build_engine
+    from htmqc.runtime.engine import _READERS
+
+    topic = new_topic(partitions=2)
+    produce(broker.bootstrap, topic, 200, keys=10)
+    kinds: set[type] = set()
+    opts = RunOptions(bootstrap=broker.bootstrap, topic=topic, group="g-readers", max_messages=200)
+    engine = build_engine(lambda msg: kinds.add(type(msg)), opts)
+    assert engine.run(install_signals=False) == 200
+    assert kinds and kinds <= set(_READERS), kinds

@@ -241,9 +241,12 @@ class PartitionTracker:
             last = offsets[-1]
             if first < lo:
                 raise OffsetOrderError(f"fetched offset {first} is below next ({lo})")
+            n = len(offsets)
             if (
-                len(offsets) > 1
+                n > 1
                 and not (isinstance(offsets, range) and offsets.step == 1)
+                # the usual batch, consecutive offsets: one C-level comparison
+                and not (last - first == n - 1 and offsets == list(range(first, last + 1)))
                 and not all(map(lt, offsets, islice(offsets, 1, None)))
             ):
                 raise OffsetOrderError("fetched offsets are not strictly increasing")
@@ -328,17 +331,15 @@ class PartitionTracker:
         source, target = EDGES[event]
         live = self._live
         n = len(offsets)
-        if list(map(live.get, offsets)).count(source) != n or (
-            self._draining and event in _FORBIDDEN_WHILE_DRAINING
-        ):
-            self._reject(event, offsets)
         if event in _FINISHING:
-            size = len(live)
-            deque(map(live.pop, offsets, repeat(None, n)), maxlen=0)
-            if size - len(live) != n:
-                # A duplicate in the batch: every offset was in `source`, so
-                # putting them back restores the tracker exactly; then refuse.
-                live.update(dict.fromkeys(offsets, source))
+            # Pop first, check after (one pass over the batch, not two): an offset
+            # that was not in `source`, or a duplicate, makes the count fall short;
+            # then every popped state goes back and the batch is refused.
+            popped = list(map(live.pop, offsets, repeat(None, n)))
+            if popped.count(source) != n:
+                for o, state in zip(offsets, popped, strict=True):
+                    if state is not None:
+                        live[o] = state
                 self._reject(event, offsets)
             self._unsent = True
             if self._failures:
@@ -348,6 +349,10 @@ class PartitionTracker:
             if self._processed not in live:
                 self._advance()
         else:
+            if list(map(live.get, offsets)).count(source) != n or (
+                self._draining and event in _FORBIDDEN_WHILE_DRAINING
+            ):
+                self._reject(event, offsets)
             moved = dict.fromkeys(offsets, target)
             if len(moved) != n:
                 self._reject(event, offsets)

@@ -119,16 +119,68 @@ class Lane:
         """Messages parked behind a failed message of their key."""
         return sum(len(q) for q in self._held.values())
 
-    def run(self, tp: TopicPartition, epoch: int, msgs: Sequence[Any], report: Report) -> None:
+    def run(
+        self,
+        tp: TopicPartition,
+        epoch: int,
+        msgs: Sequence[Any],
+        report: Report,
+        known: tuple[list[int], int] | None = None,
+    ) -> None:
         """Run ``msgs`` (all of ``tp``, epoch ``epoch``) in order (inside a tracing
-        span when the lane has one)."""
+        span when the lane has one). ``known``: the messages' offsets and their
+        total value bytes, if the caller has them already (saves reading them)."""
         if self.span is None:
-            self._run(tp, epoch, msgs, report)
+            self._run(tp, epoch, msgs, report, known)
         else:
             with self.span(tp, msgs):
-                self._run(tp, epoch, msgs, report)
+                self._run(tp, epoch, msgs, report, known)
 
-    def _run(self, tp: TopicPartition, epoch: int, msgs: Sequence[Any], report: Report) -> None:
+    def _run(
+        self,
+        tp: TopicPartition,
+        epoch: int,
+        msgs: Sequence[Any],
+        report: Report,
+        known: tuple[list[int], int] | None,
+    ) -> None:
+        if self.timed or self._held:
+            self._run_each(tp, epoch, msgs, report)
+            return
+        # The usual case, no held key and no timing: nothing to do per message but
+        # the call; offsets and sizes come from the caller or are read afterwards.
+        call = self.call
+        started = time.perf_counter()
+        try:
+            for msg in msgs:
+                call(msg)
+        except BaseException as exc:
+            i = next(i for i, m in enumerate(msgs) if m is msg)
+            ok = msgs[:i]
+            if ok:
+                report.succeeded(tp, epoch, self._done(ok, time.perf_counter() - started))
+            self._held[(tp, msg.key())] = deque()
+            report.failed(tp, epoch, msg, exc)
+            if i + 1 < len(msgs):
+                self._run_each(tp, epoch, msgs[i + 1 :], report)
+            return
+        if msgs:
+            elapsed = time.perf_counter() - started
+            done = (
+                self._done(msgs, elapsed)
+                if known is None
+                else Done(known[0], elapsed, known[1] if self.sized else 0)
+            )
+            report.succeeded(tp, epoch, done)
+
+    def _done(self, msgs: Sequence[Any], elapsed: float) -> Done:
+        """The report of ``msgs``, which all succeeded (untimed lanes)."""
+        return Done([m.offset() for m in msgs], elapsed, sum(map(len, msgs)) if self.sized else 0)
+
+    def _run_each(
+        self, tp: TopicPartition, epoch: int, msgs: Sequence[Any], report: Report
+    ) -> None:
+        """The general case: a held key to park behind, or a clock read per message."""
         call = self.call
         held = self._held
         clock = time.perf_counter
@@ -180,22 +232,21 @@ class Lane:
         whole run) undoes them all; nothing is reported. The caller then runs the
         same messages again with :meth:`run`, one isolated message at a time. Only
         for a partition with no held key (:meth:`holds`)."""
+        if not self.timed:
+            started = time.perf_counter()
+            for msg in msgs:
+                call(msg)
+            return self._done(msgs, time.perf_counter() - started)
         clock = time.perf_counter
-        started = clock()
-        ticks: list[float] | None = [started] if self.timed else None
-        tick = ticks.append if ticks is not None else None
-        sized = self.sized
-        done: list[int] = []
-        nbytes = 0
+        ticks = [clock()]
+        tick = ticks.append
         for msg in msgs:
             call(msg)
-            done.append(msg.offset())
-            if tick is not None:
-                tick(clock())
-            if sized:
-                nbytes += len(msg)
-        stamps = [m.timestamp()[1] for m in msgs[::STAMP_EVERY]] if self.timed else None
-        return Done(done, clock() - started, nbytes, ticks, stamps)
+            tick(clock())
+        done = self._done(msgs, ticks[-1] - ticks[0])
+        done.ticks = ticks
+        done.stamps_ms = [m.timestamp()[1] for m in msgs[::STAMP_EVERY]]
+        return done
 
     def retry(self, tp: TopicPartition, epoch: int, msg: Any, report: Report) -> None:
         """Run the failed ``msg`` again; on success its parked followers run too."""
