@@ -68,12 +68,13 @@ verify-long: setup ## longer formal runs: TLC medium models, thorough Hypothesis
 profile: setup ## py-spy profile of the at-least-once engine (no broker): time by part and line
 	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.profile_engine
 
-bench: setup ## benchmarks; results go to benchmarks/results/
+bench: setup ## all benchmarks, the peers last (about an hour); results go to benchmarks/results/
 	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.core_bench --contracts off
 	HTMQC_CONTRACTS=1 $(PY) -m benchmarks.core_bench --contracts on
 	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.engine_bench
 	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.runtime_bench
 	PYSPARK_PYTHON=$(abspath $(PY)) SPARK_LOCAL_IP=127.0.0.1 $(PY) -m benchmarks.audit_bench --rows 10000000
+	$(MAKE) bench-peers
 
 # The peers pin their own librdkafka (quixstreams wants confluent-kafka < 2.13), so they
 # get a venv of their own; htmqc and the raw loop run in it too, for a fair comparison.

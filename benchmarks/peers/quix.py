@@ -70,8 +70,11 @@ def run(
         processing_guarantee=guarantee,
         use_changelog_topics=False,
         loglevel=logging.WARNING,
+        # The loopback timing htmqc uses, and its fetch.queue.backoff.ms (see
+        # htmqc.kafka_defaults): with librdkafka's 1 s default a fast reader idles
+        # whenever its local queue fills, so the runtimes would not be compared.
         consumer_extra_config={"session.timeout.ms": 6000, "heartbeat.interval.ms": 500,
-                               "fetch.wait.max.ms": 100},
+                               "fetch.wait.max.ms": 100, "fetch.queue.backoff.ms": 10},
         # A stable transactional.id per group (Quix draws a random one by default): a
         # restarted instance then fences the transaction a killed one left open. The
         # bundled broker never times such a transaction out, so with a random id every
