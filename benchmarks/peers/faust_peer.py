@@ -56,20 +56,15 @@ def run(
 
     @app.agent(source)
     async def consume(stream: Any) -> None:
-        stopping = False
         async for event in stream.events():
-            if stopping:
-                # past `count` (the topic holds more): keep acknowledging what the
-                # stream hands out, or the worker's stop waits for it for ever
-                continue
             message = event.message
             meter.handle(event.value, message.timestamp * 1000.0, event.key,
                          message.partition, message.offset)
             if meter.seen == count:
                 # stopping from inside the agent deadlocks (the worker waits for
                 # this very event to be acknowledged): stop from another task
-                stopping = True
                 asyncio.get_running_loop().call_later(0.1, _stop_soon)
+                break
 
     def _stop_soon() -> None:
         tasks.append(asyncio.ensure_future(worker.stop()))
