@@ -22,13 +22,16 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
-	@command -v java >/dev/null || (apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip 2>&1 | $(QUIET_PIP)
 	$(PY) -m pip install -q -e '.[dev]' 2>&1 | $(QUIET_PIP)
 	touch $(STAMP)
 
-setup: $(STAMP) ## create .venv and install htmqc with what tests need (idempotent)
+# Debian packages, PostgreSQL and Redis on loopback, Apache Kafka's jars: tools/provision.py
+# (idempotent; a second run only probes). Tests never install or start any of these.
+setup: ## install what is missing (venv, Debian packages, Kafka jars) and start the services
+	$(PYTHON) tools/provision.py
+	@$(MAKE) --no-print-directory $(STAMP)
 
 lint: setup ## ruff over the whole tree
 	$(VENV)/bin/ruff check $(LINTED)

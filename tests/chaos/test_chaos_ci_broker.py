@@ -13,15 +13,13 @@ from pathlib import Path
 import pytest
 
 from htmqc.chaos.harness import ChaosConfig, run_chaos
-from tests.sinks.conftest import postgres_base_url
+from tests.services import postgres_url
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 
 def test_ci_size_chaos_run(tmp_path: Path) -> None:
-    url = postgres_base_url()
-    if url is None:
-        pytest.fail("PostgreSQL is not reachable at 127.0.0.1:5432 (database test)")
+    url = postgres_url()
     config = ChaosConfig(
         seed=20,
         partitions=4,

@@ -17,15 +17,13 @@ import pytest
 
 from htmqc.chaos.harness import ChaosConfig, run_chaos
 from htmqc.cli import main
-from tests.sinks.conftest import postgres_base_url
+from tests.services import postgres_url
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 
 def pg_url() -> str:
-    url = postgres_base_url()
-    if url is None:
-        pytest.fail("PostgreSQL is not reachable at 127.0.0.1:5432 (database test)")
+    url = postgres_url()
     return url
 
 

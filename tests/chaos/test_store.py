@@ -13,14 +13,12 @@ from htmqc.audit import Produced, audit
 from htmqc.chaos.store import ClaimCheck, RunStore
 from htmqc.produce import message_value
 from htmqc.sinks.postgresql import PostgresSink
-from tests.sinks.conftest import postgres_base_url
+from tests.services import postgres_url
 
 
 @pytest.fixture
 def pg_store() -> Iterator[RunStore]:
-    url = postgres_base_url()
-    if url is None:
-        pytest.fail("PostgreSQL is not reachable at 127.0.0.1:5432 (database test)")
+    url = postgres_url()
     store = RunStore(pg_url=url)
     store.create()
     try:

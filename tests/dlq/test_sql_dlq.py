@@ -21,7 +21,7 @@ from htmqc.dlq.record import DeadLetterInfo
 from htmqc.runtime.delivery import DLQ_TABLE, ExactlyOnce
 from htmqc.sinks import open_sink
 from tests.dlq.support import Msg, info, read_topic
-from tests.sinks.conftest import postgres_base_url
+from tests.services import postgres_url
 
 
 @dataclass
@@ -54,9 +54,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     if request.param == "sqlite":
         yield Store("sqlite", f"sqlite:///{tmp_path / 's.db'}?table_prefix={prefix}", prefix)
         return
-    base = postgres_base_url()
-    if base is None:
-        pytest.skip("PostgreSQL is not reachable at 127.0.0.1:5432 (see tests/sinks/conftest.py)")
+    base = postgres_url()
     be = Store("postgresql", f"{base}?table_prefix={prefix}", prefix)
     yield be
     be.query(f"DROP TABLE IF EXISTS {prefix}dead_letters, {prefix}positions")

@@ -1,12 +1,9 @@
 """Fixtures for the observability tests: a hand-driven core, a server over it,
-and system tools (promtool, prometheus, chromium) installed from Debian on demand."""
+and the system tools it needs (promtool, prometheus, chromium: ``tests.services``)."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import socket
-import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,38 +17,6 @@ from htmqc.observe import CoreStateSource, Metrics, ObserveServer
 ORDERS_0: TopicPartition = ("orders", 0)
 ORDERS_1: TopicPartition = ("orders", 1)
 AUDIT_3: TopicPartition = ("audit.events", 3)
-
-_apt_lock = threading.Lock()
-_apt_updated = False
-
-
-def require_tool(tool: str, package: str) -> str:
-    """The path of ``tool``; installs Debian ``package`` when missing, and skips
-    (with the reason) only when that cannot be done."""
-    global _apt_updated
-    path = shutil.which(tool)
-    if path:
-        return path
-    apt = shutil.which("apt-get")
-    if apt is None:
-        pytest.skip(f"{tool} missing and apt-get unavailable: install Debian package {package}")
-    if os.geteuid() != 0:
-        pytest.skip(f"{tool} missing and not root: run `apt-get install -y {package}`")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    with _apt_lock:
-        if not _apt_updated:
-            subprocess.run([apt, "update", "-qq"], env=env, capture_output=True, timeout=600)
-            _apt_updated = True
-        done = subprocess.run(
-            [apt, "install", "-y", "-qq", "--no-install-recommends", package],
-            env=env, capture_output=True, text=True, timeout=900,
-        )
-    path = shutil.which(tool)
-    if path is None:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        pytest.skip(f"cannot install {package} for {tool}: {tail[0]}")
-    return path
-
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now."""

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from htmqc.observe import Metrics, ObserveServer
-from tests.observe.conftest import Scenario, free_port, require_tool
+from tests.observe.conftest import Scenario, free_port
 from tests.observe.test_metrics import EXPOSED
+from tests.services import require_tool
 
 OPS = Path(__file__).resolve().parents[2] / "ops"
 RULES = OPS / "prometheus-alerts.yml"

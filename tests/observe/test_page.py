@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from htmqc.observe import Metrics, ObserveServer
-from tests.observe.conftest import Scenario, require_tool
+from tests.observe.conftest import Scenario
+from tests.services import require_tool
 
 Served = tuple[Scenario, Metrics, ObserveServer]
 SCREENSHOT = Path(__file__).resolve().parents[2] / "build" / "observe" / "state.png"

@@ -12,16 +12,7 @@ from htmqc import secrets
 from htmqc.errors import UsageError
 from htmqc.observe.redis_mirror import RedisMirror, encode_command, parse_redis_url
 from tests.observe.conftest import Scenario
-
-REDIS = ("127.0.0.1", 6379)
-
-
-def _redis_up() -> bool:
-    try:
-        with socket.create_connection(REDIS, timeout=1):
-            return True
-    except OSError:
-        return False
+from tests.services import REDIS, require_redis
 
 
 def _get(key: str) -> tuple[bytes | None, int]:
@@ -42,8 +33,7 @@ def _get(key: str) -> tuple[bytes | None, int]:
 
 @pytest.fixture(autouse=True)
 def _need_redis() -> None:
-    if not _redis_up():
-        pytest.fail("Redis is not on 127.0.0.1:6379: start it with redis-server --daemonize yes")
+    require_redis()
 
 
 def test_mirror_writes_the_backpressure_document(scenario: Scenario) -> None:

@@ -7,7 +7,7 @@
   the messages the killed process finished past the group's committed offsets.
 
 The PostgreSQL tests use 127.0.0.1:5432, database ``test`` (started by
-:func:`tests.sinks.conftest.postgres_base_url` when it is down), with tables of
+:func:`tests.services.postgres_url`), with tables of
 a unique prefix per test, dropped afterwards. :func:`pg_tables` is shared with
 ``test_zombie_broker.py``.
 """
@@ -31,7 +31,7 @@ from confluent_kafka import Consumer, TopicPartition
 from htmqc.broker import Broker
 from htmqc.produce import parse_id, produce
 from tests.runtime.test_run_broker import finish, htmqc_run, wait_for
-from tests.sinks.conftest import PG_DATABASE, PG_HOST, postgres_base_url
+from tests.services import postgres_url
 
 pytestmark = pytest.mark.broker
 
@@ -90,14 +90,8 @@ class PgTables:
 @contextmanager
 def pg_tables() -> Iterator[PgTables]:
     """A :class:`PgTables` with its effects table created; all its tables are
-    dropped on exit. Fails (does not skip) when PostgreSQL cannot be reached."""
-    base = postgres_base_url()
-    if base is None:
-        pytest.fail(
-            f"PostgreSQL is not reachable at {PG_HOST} (database {PG_DATABASE}): install "
-            "Debian's postgresql and start it (pg_ctlcluster VERSION main start)",
-            pytrace=False,
-        )
+    dropped on exit."""
+    base = postgres_url()
     pg = PgTables(base, f"t{uuid.uuid4().hex[:10]}_")
     pg.query(
         f'CREATE TABLE {pg.effects} (id BIGINT NOT NULL, "partition" INTEGER NOT NULL, '

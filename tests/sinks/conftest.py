@@ -4,12 +4,9 @@ with its own table prefix, dropped afterwards."""
 
 from __future__ import annotations
 
-import glob
-import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -18,40 +15,9 @@ import pytest
 from htmqc.core import Commit, TopicPartition
 from htmqc.sinks import open_sink
 from htmqc.sinks.sql import SqlSink, SqlTransaction
+from tests.services import postgres_url
 
 GROUP = "g1"
-PG_HOST = "127.0.0.1:5432"
-PG_DATABASE = "test"
-
-
-def _pg_connectable(url: str) -> bool:
-    import psycopg
-
-    try:
-        psycopg.connect(url, connect_timeout=3).close()
-    except psycopg.Error:
-        return False
-    return True
-
-
-@cache
-def postgres_base_url() -> str | None:
-    """A working ``postgresql://`` URL, starting the local cluster if it is down."""
-    candidates = [f"postgresql://{user}@{PG_HOST}/{PG_DATABASE}" for user in ("root", "postgres")]
-    for attempt in range(2):
-        for url in candidates:
-            if _pg_connectable(url):
-                return url
-        if attempt == 0:
-            for conf in glob.glob("/etc/postgresql/*"):
-                version = Path(conf).name
-                subprocess.run(
-                    ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "start"],
-                    capture_output=True,
-                    timeout=60,
-                    check=False,
-                )
-    return None
 
 
 @dataclass
@@ -124,13 +90,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
         path = tmp_path / "sink.db"
         be = Backend("sqlite", f"sqlite:///{path}?table_prefix={prefix}", prefix, path)
     else:
-        base = postgres_base_url()
-        if base is None:
-            pytest.skip(
-                f"PostgreSQL is not reachable at {PG_HOST} (database {PG_DATABASE}, user root "
-                "or postgres) and `pg_ctlcluster --skip-systemctl-redirect VERSION main start` "
-                "did not start it"
-            )
+        base = postgres_url()
         be = Backend("postgresql", f"{base}?table_prefix={prefix}", prefix)
     be.query(
         f"CREATE TABLE {be.effects_table} (topic TEXT NOT NULL, part INTEGER NOT NULL, "

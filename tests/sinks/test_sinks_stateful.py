@@ -24,8 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from htmqc.core import Commit, TopicPartition
 from htmqc.sinks import Fenced, open_sink
 from htmqc.sinks.sql import SqlSink, SqlTransaction
-
-from .conftest import postgres_base_url
+from tests.services import postgres_url
 
 TP: TopicPartition = ("topic", 0)
 MEMBERS = ("A", "B")
@@ -45,13 +44,11 @@ class SinkMachine(RuleBasedStateMachine):
         self.prefix = f"s{uuid.uuid4().hex[:10]}_"
         self.tmp = tempfile.TemporaryDirectory()
         self.urls = {"sqlite": f"sqlite:///{Path(self.tmp.name) / 'db.sqlite'}"}
-        pg = postgres_base_url()
-        self.pg: Any = None
-        if pg is not None:
-            import psycopg
+        pg = postgres_url()
+        import psycopg
 
-            self.urls["postgresql"] = pg
-            self.pg = psycopg.connect(pg, autocommit=True)
+        self.urls["postgresql"] = pg
+        self.pg: Any = psycopg.connect(pg, autocommit=True)
         for kind in self.urls:
             self._raw(kind, f"CREATE TABLE {self.prefix}effects (off INTEGER NOT NULL)")
         self.sinks: dict[tuple[str, str], SqlSink] = {}

@@ -11,8 +11,7 @@ from htmqc.sinks import open_sink, redact_url
 from htmqc.sinks.postgresql import PostgresSink
 from htmqc.sinks.sqlite import SqliteSink
 from htmqc.sinks.urls import parse_sink_url
-
-from .conftest import PG_HOST, postgres_base_url
+from tests.services import PG_HOST, postgres_url
 
 SECRET = "s3cr3t-Pw"
 
@@ -126,9 +125,7 @@ def test_unreachable_postgresql_does_not_leak_the_password() -> None:
 
 
 def test_postgresql_refusal_does_not_leak_the_password() -> None:
-    base = postgres_base_url()
-    if base is None:
-        pytest.skip(f"PostgreSQL is not reachable at {PG_HOST}")
+    base = postgres_url()
     user = base.split("//", 1)[1].split("@", 1)[0]
     sink = open_sink(f"postgresql://{user}:{SECRET}@{PG_HOST}/htmqc_no_such_database")
     with pytest.raises(RuntimeFailure, match="htmqc_no_such_database") as info:

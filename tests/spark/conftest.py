@@ -1,4 +1,4 @@
-"""One SparkSession per test module (``local[2]``); skipped without PySpark."""
+"""One SparkSession per test module (``local[2]``)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ from typing import Any
 
 import pytest
 
+from tests.services import require_module
+
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
-    pytest.importorskip("pyspark")
+    require_module("pyspark")
     from htmqc.spark.session import spark_session
 
     with spark_session("local[2]", app="htmqc-tests") as session:

@@ -14,10 +14,11 @@ import pytest
 from htmqc.audit import Effect, Produced, audit
 from htmqc.audit.load import effects_from_source
 from htmqc.produce import produce
+from tests.services import require_module
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker]
 
-pyspark = pytest.importorskip("pyspark")
+pyspark = require_module("pyspark")
 from pyspark.errors import StreamingQueryException  # noqa: E402
 
 from htmqc.spark.kafka_source import register  # noqa: E402

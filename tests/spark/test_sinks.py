@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from htmqc.spark.sinks import ParquetBatchSink, SqlBatchSink
+from tests.services import postgres_url
 
 pytestmark = pytest.mark.slow
 
@@ -17,12 +18,7 @@ pytestmark = pytest.mark.slow
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return str(tmp_path / "out.db")
-    from tests.sinks.conftest import postgres_base_url
-
-    url = postgres_base_url()
-    if url is None:
-        pytest.skip("no PostgreSQL server on 127.0.0.1:5432")
-    return url
+    return postgres_url()
 
 
 def rows_of(sink: SqlBatchSink) -> list[tuple[Any, ...]]:
