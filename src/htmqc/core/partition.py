@@ -194,12 +194,15 @@ class PartitionTracker:
         return done + tuple(sorted(self._skip)) if self._skip else done
 
     def snapshot(self) -> dict[str, Any]:
-        """The whole observable state as plain data (for traces and vectors)."""
+        """The whole observable state as plain data (for traces and vectors);
+        ``unsent`` is the flag that makes :meth:`commit_requested` answer even
+        when the watermark has not moved."""
         return {
             "next": self._next,
             "processed": self._processed,
             "committed": self._committed,
             "requested": self._requested,
+            "unsent": self._unsent,
             "draining": self._draining,
             "in_flight": {str(o): s.value for o, s in sorted(self._live.items())},
             "finished_above": list(self.finished_above()),
