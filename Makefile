@@ -16,7 +16,7 @@ LINTED := $(wildcard src tests model_checks proofs spec benchmarks examples)
 QUIET_PIP := { grep -v "^WARNING: Location 'file://" || true; }
 CROSSHAIR_TIMEOUT ?= 4
 
-.PHONY: help setup test lint typecheck pytest crosshair proofs tlc spec-check formal-tests verify verify-long profile bench bench-peers chaos-long demo clean
+.PHONY: help setup test lint typecheck pytest crosshair proofs tlc spec-check conformance formal-tests verify verify-long profile bench bench-peers chaos-long demo clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -52,6 +52,9 @@ spec-check: setup ## the generated diagram, table and conformance vectors are cu
 	$(PY) -m spec.diagram --check
 	$(PY) -m spec.conformance.generate --check
 
+conformance: setup ## replay every conformance vector through the core (one line per vector)
+	$(PY) -m spec.conformance.replay
+
 tlc: setup ## TLC: the TLA+ models of tla/manifest.json (size small), expected failures included
 	$(PY) -m model_checks.tlc_cli --config small
 
@@ -62,7 +65,7 @@ formal-tests: setup ## pytest's formal tests (Hypothesis stateful vs reference m
 
 test: lint typecheck verify pytest ## everything CI runs: lint, types, proof gate, tests
 
-verify: crosshair proofs tlc spec-check formal-tests ## the proof gate: CrossHair, Z3, TLC, model comparison
+verify: crosshair proofs tlc spec-check conformance formal-tests ## the proof gate: CrossHair, Z3, TLC, model comparison
 
 verify-long: setup ## longer formal runs: TLC medium models, thorough Hypothesis profile
 	$(PY) -m model_checks.tlc_cli --config medium

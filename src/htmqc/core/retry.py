@@ -6,7 +6,7 @@ the message has failed ``max_retries + 1`` times, then dead-lettered.
 
 The backoff is exponential with *full jitter* (AWS architecture blog, "Exponential
 Backoff And Jitter"): the n-th retry waits ``jitter * min(cap, base * 2**(n-1))``
-seconds, where ``jitter`` is a uniform random number in ``[0, 1)`` that the
+seconds, where ``jitter`` is a uniform random number in ``[0, 1]`` that the
 caller draws (the core owns no random source, so a seed reproduces a run).
 """
 
