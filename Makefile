@@ -16,7 +16,7 @@ LINTED := $(wildcard src tests model_checks proofs spec benchmarks examples)
 QUIET_PIP := { grep -v "^WARNING: Location 'file://" || true; }
 CROSSHAIR_TIMEOUT ?= 4
 
-.PHONY: help setup test lint typecheck pytest crosshair proofs tlc spec-check conformance formal-tests verify verify-long profile bench bench-peers chaos-long demo clean
+.PHONY: help setup test lint typecheck pytest crosshair proofs tlc spec-check conformance conformance-ts formal-tests verify verify-long profile bench bench-peers chaos-long demo clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -55,6 +55,12 @@ spec-check: setup ## the generated diagram, table and conformance vectors are cu
 conformance: setup ## replay every conformance vector through the core (one line per vector)
 	$(PY) -m spec.conformance.replay
 
+# The TypeScript port (written from spec/ and tla/ alone) must answer every vector as the
+# core does: a difference between the two implementations is a spec bug.
+conformance-ts: ## replay every conformance vector through the TypeScript port (ports/typescript)
+	cd ports/typescript && npm ci --silent --no-audit --no-fund \
+	  && node node_modules/typescript/bin/tsc -p . && node dist/replay.js ../../spec/conformance/vectors | tail -n 1
+
 tlc: setup ## TLC: the TLA+ models of tla/manifest.json (size small), expected failures included
 	$(PY) -m model_checks.tlc_cli --config small
 
@@ -65,7 +71,7 @@ formal-tests: setup ## pytest's formal tests (Hypothesis stateful vs reference m
 
 test: lint typecheck verify pytest ## everything CI runs: lint, types, proof gate, tests
 
-verify: crosshair proofs tlc spec-check conformance formal-tests ## the proof gate: CrossHair, Z3, TLC, model comparison
+verify: crosshair proofs tlc spec-check conformance conformance-ts formal-tests ## the proof gate: CrossHair, Z3, TLC, model comparison
 
 verify-long: setup ## longer formal runs: TLC medium models, thorough Hypothesis profile
 	$(PY) -m model_checks.tlc_cli --config medium
