@@ -22,8 +22,9 @@ LIFECYCLE = {
     "retry_scheduled": ("Failed", "Retrying"),
     "retry_due": ("Retrying", "Processing"),
     "dead_lettered": ("Failed", "DeadLettered"),
+    "handed_off": ("Failed", "HandedOff"),
 }
-DONE = {"Succeeded", "DeadLettered"}
+DONE = {"Succeeded", "DeadLettered", "HandedOff"}
 
 
 class RefError(Exception):
