@@ -31,8 +31,9 @@ LIFECYCLE = {
     "retry_scheduled": ("Failed", "Retrying"),
     "retry_due": ("Retrying", "Processing"),
     "dead_lettered": ("Failed", "DeadLettered"),
+    "handed_off": ("Failed", "HandedOff"),
 }
-DONE = {"Succeeded", "DeadLettered"}
+DONE = {"Succeeded", "DeadLettered", "HandedOff"}
 
 
 class RefError(Exception):
@@ -171,7 +172,8 @@ class ReferenceConsumer:
         if kind != "permanent" and n <= self.max_retries:
             self.event("retry_scheduled", tp, epoch, [offset])
             return {"type": "RetryAt", **where, "attempt": n, "at": now + self.backoff(n, jitter)}
-        return {"type": "DeadLetter", **where, "attempts": n, "permanent": kind == "permanent"}
+        return {"type": "DeadLetter", **where, "attempts": n,
+                "kind": "permanent" if kind == "permanent" else "failed"}
 
     def failed(
         self, tp: tuple[str, int], epoch: int, offset: int, permanent: bool

@@ -207,7 +207,7 @@ def out_of_order_completion(r: Recorder) -> None:
 
 def failures_retries_dead_letter(r: Recorder) -> None:
     """max_retries = 3: a retryable message is retried 3 times and dead-lettered at its 4th
-    failure (attempts 4, permanent false); a permanent one at once (attempts 1)."""
+    failure (attempts 4, kind failed); a permanent one at once (attempts 1, kind permanent)."""
     e = r.assign(T0, 0)
     r.fetched(T0, e, [0, 1])
     r.event("started", T0, e, [0, 1])
@@ -220,6 +220,27 @@ def failures_retries_dead_letter(r: Recorder) -> None:
     r.failed(T0, e, 1, kind="permanent", now=300.0)
     r.event("dead_lettered", T0, e, 1)
     r.commit_requested(T0)
+
+
+def handed_off_finishes(r: Recorder) -> None:
+    """handed_off (the message was written to the retry topic) finishes a Failed offset
+    like dead_lettered: out of order it goes into finished_above, at the watermark it
+    moves processed; it needs Failed (Processing, Retrying or finished offsets refuse)."""
+    e = r.assign(T0, 0)
+    r.fetched(T0, e, [0, 1, 2])
+    r.event("started", T0, e, [0, 1, 2])
+    r.event("handed_off", T0, e, 1)
+    r.failed(T0, e, 1, kind="permanent", now=10.0)
+    r.event("handed_off", T0, e, 1)
+    r.event("handed_off", T0, e, 1)
+    r.commit_requested(T0)
+    r.failed(T0, e, 0, now=11.0, jitter=0.25)
+    r.event("handed_off", T0, e, 0)
+    r.event("retry_due", T0, e, 0)
+    r.failed(T0, e, 0, kind="permanent", now=12.0)
+    r.event("handed_off", T0, e, 0)
+    r.commit_requested(T0)
+    r.event("handed_off", T0, e + 1, 2)
 
 
 def acks_late_duplicate_out_of_order(r: Recorder) -> None:
@@ -589,7 +610,7 @@ def _retries(max_retries: int) -> Callable[[Recorder], None]:
     scenario.__doc__ = (
         f"max_retries = {max_retries}: a retryable or unknown failure is retried while the "
         f"message has failed at most {max_retries} times, then DeadLetter(attempts = "
-        f"{max_retries + 1}, permanent = false); permanent is true only for kind permanent."
+        f"{max_retries + 1}, kind failed); kind permanent only for failure kind permanent."
     )
     return scenario
 
@@ -736,6 +757,7 @@ SCENARIOS: dict[str, Callable[[Recorder], None]] = {
         gap_batch_above_next,
         out_of_order_completion,
         failures_retries_dead_letter,
+        handed_off_finishes,
         acks_late_duplicate_out_of_order,
         failed_commits,
         revoke_assign_stale_epoch,

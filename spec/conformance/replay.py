@@ -27,6 +27,7 @@ from htmqc.core import (
     CoreError,
     DeadLetter,
     FailureKind,
+    HandOff,
     RetryAt,
     RetryPolicy,
 )
@@ -34,7 +35,7 @@ from htmqc.core import (
 VECTORS = Path(__file__).resolve().parent / "vectors"
 FORMAT = 2
 #: Lifecycle events the core takes one offset at a time, and in batches (``_many``).
-SINGLE = ("started", "succeeded", "retry_due", "dead_lettered")
+SINGLE = ("started", "succeeded", "retry_due", "dead_lettered", "handed_off")
 BATCH = ("started_many", "succeeded_many", "dead_lettered_many")
 
 
@@ -58,8 +59,10 @@ def parse_tp(name: str) -> tuple[str, int]:
 def answer(value: Any) -> Any:
     """The core's answer in the vectors' vocabulary: a decision becomes an object
     with its ``type`` and every field; a batch of offsets becomes a list."""
-    if isinstance(value, (Commit, RetryAt, DeadLetter)):
+    if isinstance(value, (Commit, RetryAt, HandOff, DeadLetter)):
         data = {f.name: getattr(value, f.name) for f in fields(value)}
+        if isinstance(value, DeadLetter):
+            data["kind"] = value.kind.value
         data["tp"] = f"{value.tp[0]}/{value.tp[1]}"
         if isinstance(value, Commit):
             data["finished_above"] = list(value.finished_above)

@@ -8,6 +8,7 @@ from htmqc.core import (
     Commit,
     ConsumerCore,
     DeadLetter,
+    DeadLetterKind,
     Event,
     FailureKind,
     IllegalTransition,
@@ -253,7 +254,7 @@ def test_failures_retry_with_capped_backoff_then_dead_letter(core: ConsumerCore)
     assert isinstance(second, RetryAt) and second.at == 202.0
     core.retry_due(TP, e, 0)
     third = core.failed(TP, e, 0, FailureKind.UNKNOWN, now=300.0, jitter=0.5)
-    assert third == DeadLetter(tp=TP, epoch=e, offset=0, attempts=3, permanent=False)
+    assert third == DeadLetter(tp=TP, epoch=e, offset=0, attempts=3, kind=DeadLetterKind.FAILED)
     assert core.tracker(TP).processed == 0  # Failed still holds the watermark
     core.dead_lettered(TP, e, 0)
     assert core.tracker(TP).processed == 1
@@ -263,7 +264,8 @@ def test_permanent_failures_dead_letter_at_once(core: ConsumerCore) -> None:
     e = core.assign(TP, 0)
     running(core, e, [0])
     decision = core.failed(TP, e, 0, FailureKind.PERMANENT, now=0.0, jitter=0.0)
-    assert decision == DeadLetter(tp=TP, epoch=e, offset=0, attempts=1, permanent=True)
+    permanent = DeadLetterKind.PERMANENT
+    assert decision == DeadLetter(tp=TP, epoch=e, offset=0, attempts=1, kind=permanent)
 
 
 def test_a_retrying_message_cannot_succeed_before_it_runs_again(core: ConsumerCore) -> None:

@@ -85,7 +85,7 @@ def _first_step(name: str, decision: str) -> tuple[dict[str, Any], dict[str, Any
         ("backoff_and_jitter", "RetryAt", "at", lambda v: math.nextafter(v, math.inf)),
         ("backoff_and_jitter", "RetryAt", "attempt", lambda v: v + 1),
         ("retries_max_1", "DeadLetter", "attempts", lambda v: v + 1),
-        ("retries_max_1", "DeadLetter", "permanent", lambda v: not v),
+        ("retries_max_1", "DeadLetter", "kind", lambda v: {"failed": "permanent"}.get(v, "failed")),
     ],
 )
 def test_replay_compares_every_field_of_a_decision(

@@ -49,7 +49,7 @@ def _r(says: str, vector: str, *changes: tuple[str, str, str]) -> Reading:
     return Reading(says, vector, changes)
 
 
-P, C, R = "partition.py", "consumer.py", "retry.py"
+P, C, R, F = "partition.py", "consumer.py", "retry.py", "failures.py"
 
 READINGS: tuple[Reading, ...] = (
     # 1. what finished_above holds
@@ -151,8 +151,12 @@ READINGS: tuple[Reading, ...] = (
     # 6. failures while revoking
     _r("failed while revoking dead-letters instead of retrying",
        "failed_while_revoking",
-       (C, "if self.retry.should_retry(kind, attempts):",
-        "if self.retry.should_retry(kind, attempts) and not tracker.draining:")),
+       (C, "        if isinstance(decision, RetryAt):\n",
+        "        if isinstance(decision, RetryAt) and tracker.draining:\n"
+        "            from htmqc.core.decisions import DeadLetterKind\n"
+        "            decision = DeadLetter(tp=tp, epoch=epoch, offset=offset,\n"
+        "                                  attempts=decision.attempt, kind=DeadLetterKind.FAILED)\n"
+        "        if isinstance(decision, RetryAt):\n")),
     _r("failed while revoking is illegal",
        "failed_while_revoking",
        (P, "frozenset({Event.START, Event.RETRY_DUE})",
@@ -173,30 +177,36 @@ READINGS: tuple[Reading, ...] = (
     # retries and backoff
     _r("max_retries counts failures, not retries after the first",
        "retries_max_1",
-       (R, "attempts <= self.max_retries\n", "attempts < self.max_retries\n")),
+       (F, "spent=attempts > retry.max_retries,", "spent=attempts >= retry.max_retries,")),
     _r("an unknown failure is dead-lettered at once (only retryable retries)",
        "retries_max_1",
-       (R, "return kind is not FailureKind.PERMANENT and attempts",
-        "return kind is FailureKind.RETRYABLE and attempts")),
-    _r("DeadLetter.permanent is true whenever the message is dead-lettered",
+       (F, "permanent=failure.kind is FailureKind.PERMANENT,",
+        "permanent=failure.kind is not FailureKind.RETRYABLE,")),
+    _r("DeadLetter.kind is permanent whenever the message is dead-lettered",
        "failures_retries_dead_letter",
-       (C, "permanent=kind is FailureKind.PERMANENT,", "permanent=True,")),
+       (F, "attempts=attempts, kind=result)", "attempts=attempts, kind=DeadLetterKind.PERMANENT)")),
     _r("a DeadLetter decision finishes the offset at once (no dead_lettered event needed)",
        "failures_retries_dead_letter",
-       (C, "        return DeadLetter(\n",
-        "        tracker.apply(Event.DEAD_LETTER, offset)\n        return DeadLetter(\n")),
+       (C, "        if isinstance(decision, RetryAt):\n",
+        "        if isinstance(decision, DeadLetter):\n"
+        "            tracker.apply(Event.DEAD_LETTER, offset)\n"
+        "        if isinstance(decision, RetryAt):\n")),
     _r("RetryAt.attempt counts the retries before this one",
        "failures_retries_dead_letter",
-       (C, "attempt=attempts, at=", "attempt=attempts - 1, at=")),
+       (F, "attempt=attempts, at=now + wait)", "attempt=attempts - 1, at=now + wait)")),
     _r("the failure count restarts at every retry",
        "failures_retries_dead_letter",
        (P, "self._failures[offset] = self._failures.get(offset, 0) + 1",
         "self._failures[offset] = 1")),
     _r("the failure count survives revoke/assign and crash/restore",
        "failure_count_per_assignment",
-       (C, "        attempts = tracker.failures(offset)\n",
+       (C, "        tracker.apply(Event.FAIL, offset)\n        decision = decide(",
+        "        tracker.apply(Event.FAIL, offset)\n"
         "        fails = self.__dict__.setdefault('_fails', {})\n"
-        "        fails[tp, offset] = attempts = fails.get((tp, offset), 0) + 1\n")),
+        "        fails[tp, offset] = fails.get((tp, offset), 0) + 1\n"
+        "        decision = decide("),
+       (C, "attempts=tracker.failures(offset) + failure.prior_attempts,",
+        "attempts=fails[tp, offset] + failure.prior_attempts,")),
     _r("the n-th retry waits base x 2^n",
        "backoff_and_jitter",
        (R, "exponent = min(attempt - 1, _MAX_EXPONENT)", "exponent = min(attempt, _MAX_EXPONENT)")),
@@ -213,7 +223,7 @@ READINGS: tuple[Reading, ...] = (
         "ceiling = self.base_delay * 2.0**exponent")),
     _r("RetryAt.at is the delay, not a time",
        "backoff_and_jitter",
-       (C, "at=now + delay)", "at=delay)")),
+       (F, "at=now + wait)", "at=wait)")),
     # batches and order
     _r("a finishing batch may complete any live offset (Pending, Failed, ...)",
        "batch_completion_needs_source_state",

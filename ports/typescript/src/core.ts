@@ -57,7 +57,7 @@ export class TopicPartition {
 // ---------------------------------------------------------------------------
 
 export type LiveState = "Pending" | "Processing" | "Failed" | "Retrying";
-export type FinishedState = "Succeeded" | "DeadLettered";
+export type FinishedState = "Succeeded" | "DeadLettered" | "HandedOff";
 export type MessageState = LiveState | FinishedState;
 export type LifecycleEvent =
   | "started"
@@ -65,7 +65,8 @@ export type LifecycleEvent =
   | "failed"
   | "retry_scheduled"
   | "retry_due"
-  | "dead_lettered";
+  | "dead_lettered"
+  | "handed_off";
 
 /** The transition table of spec §2: event → (source state, target state). */
 export const TRANSITIONS: Readonly<Record<LifecycleEvent, { from: LiveState; to: MessageState }>> = {
@@ -74,11 +75,12 @@ export const TRANSITIONS: Readonly<Record<LifecycleEvent, { from: LiveState; to:
   failed: { from: "Processing", to: "Failed" },
   retry_scheduled: { from: "Failed", to: "Retrying" },
   dead_lettered: { from: "Failed", to: "DeadLettered" },
+  handed_off: { from: "Failed", to: "HandedOff" },
   retry_due: { from: "Retrying", to: "Processing" },
 };
 
 function isFinished(s: MessageState): s is FinishedState {
-  return s === "Succeeded" || s === "DeadLettered";
+  return s === "Succeeded" || s === "DeadLettered" || s === "HandedOff";
 }
 
 // ---------------------------------------------------------------------------
@@ -162,8 +164,8 @@ export interface DeadLetter {
   readonly offset: bigint;
   /** The failure count. */
   readonly attempts: bigint;
-  /** True only when the kind was "permanent". */
-  readonly permanent: boolean;
+  /** "permanent" when the failure kind was "permanent", else "failed" (retries ran out). */
+  readonly kind: "permanent" | "failed";
 }
 
 export type Decision = Commit | RetryAt | DeadLetter;
@@ -312,8 +314,11 @@ export class PartitionTracker {
     }
   }
 
-  /** `started`, `succeeded`, `retry_due`, `dead_lettered` of one offset. */
-  apply(event: "started" | "succeeded" | "retry_due" | "dead_lettered", offset: bigint): true {
+  /** `started`, `succeeded`, `retry_due`, `dead_lettered`, `handed_off` of one offset. */
+  apply(
+    event: "started" | "succeeded" | "retry_due" | "dead_lettered" | "handed_off",
+    offset: bigint,
+  ): true {
     this.checkDraining(event);
     this.check(event, offset);
     this.move(event, offset);
@@ -352,7 +357,7 @@ export class PartitionTracker {
       this.move("retry_scheduled", offset);
       return { type: "RetryAt", tp: this.tp, epoch, offset, attempt: n, at: now + policy.delay(n, jitter) };
     }
-    return { type: "DeadLetter", tp: this.tp, epoch, offset, attempts: n, permanent: kind === "permanent" };
+    return { type: "DeadLetter", tp: this.tp, epoch, offset, attempts: n, kind: kind === "permanent" ? "permanent" : "failed" };
   }
 
   // -- commits ----------------------------------------------------------------
@@ -466,6 +471,10 @@ export class ConsumerCore {
 
   deadLettered(tp: TopicPartition, epoch: bigint, offset: bigint): boolean {
     return this.current(tp, epoch)?.apply("dead_lettered", offset) ?? false;
+  }
+
+  handedOff(tp: TopicPartition, epoch: bigint, offset: bigint): boolean {
+    return this.current(tp, epoch)?.apply("handed_off", offset) ?? false;
   }
 
   startedMany(tp: TopicPartition, epoch: bigint, offsets: readonly bigint[]): boolean {

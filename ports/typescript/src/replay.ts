@@ -72,7 +72,7 @@ function decisionJson(d: Decision | null): Json {
   switch (d.type) {
     case "Commit": return { ...base, finished_above: [...d.finishedAbove] };
     case "RetryAt": return { ...base, attempt: d.attempt, at: d.at };
-    case "DeadLetter": return { ...base, attempts: d.attempts, permanent: d.permanent };
+    case "DeadLetter": return { ...base, attempts: d.attempts, kind: d.kind };
   }
 }
 
@@ -105,6 +105,7 @@ function call(core: ConsumerCore, op: string, a: JsonObject): Json {
     case "succeeded": return core.succeeded(tpOf(a), int(a, "epoch"), int(a, "offset"));
     case "retry_due": return core.retryDue(tpOf(a), int(a, "epoch"), int(a, "offset"));
     case "dead_lettered": return core.deadLettered(tpOf(a), int(a, "epoch"), int(a, "offset"));
+    case "handed_off": return core.handedOff(tpOf(a), int(a, "epoch"), int(a, "offset"));
     case "started_many": return core.startedMany(tpOf(a), int(a, "epoch"), ints(a, "offsets"));
     case "succeeded_many": return core.succeededMany(tpOf(a), int(a, "epoch"), ints(a, "offsets"));
     case "dead_lettered_many": return core.deadLetteredMany(tpOf(a), int(a, "epoch"), ints(a, "offsets"));

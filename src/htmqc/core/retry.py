@@ -82,16 +82,6 @@ class RetryPolicy:
                 f"need 0 <= base_delay <= max_delay, got {self.base_delay} and {self.max_delay}"
             )
 
-    @icontract.require(lambda attempts: attempts >= 1, enabled=ENABLED)
-    @icontract.ensure(
-        lambda self, kind, attempts, result: result
-        == (kind is not FailureKind.PERMANENT and attempts <= self.max_retries),
-        enabled=ENABLED,
-    )
-    def should_retry(self, kind: FailureKind, attempts: int) -> bool:
-        """Whether a message that has now failed ``attempts`` times is retried."""
-        return kind is not FailureKind.PERMANENT and attempts <= self.max_retries
-
     @icontract.require(lambda attempt: attempt >= 1, enabled=ENABLED)
     @icontract.require(lambda jitter: 0.0 <= jitter <= 1.0, enabled=ENABLED)
     @icontract.ensure(lambda self, result: 0.0 <= result <= self.max_delay, enabled=ENABLED)
