@@ -97,7 +97,7 @@ class ReferenceConsumer:
     def assign(self, tp: tuple[str, int], committed: int, finished_above: Any = ()) -> int:
         if tp in self.parts:
             raise RefError("already assigned")
-        if committed < 0 or any(o <= committed for o in finished_above):
+        if committed < 0 or any(o < committed for o in finished_above):
             raise RefError("bad start")
         self.last_epoch += 1
         self.parts[tp] = RefPartition(committed, self.last_epoch, set(finished_above))

@@ -419,6 +419,25 @@ def restored_offset_held_at_batch_end(r: Recorder) -> None:
     r.commit_requested(T0)
 
 
+def restored_offset_at_committed(r: Recorder) -> None:
+    """A batch that ends exactly at a restored offset h, all finished, commits offset h with
+    h in finished_above; restoring from that commit is allowed (h == committed) and h never
+    runs. Refusing it (finished_above must be above committed) made the partition
+    unassignable for ever (found by the TLC graph replay); below committed is refused."""
+    e = r.restored(T0, 0, [2])
+    r.fetched(T0, e, [0, 1], end=2)
+    r.event("started", T0, e, [0, 1])
+    r.event("succeeded", T0, e, [1, 0])
+    r.commit_requested(T0)
+    r.crashed()
+    r.restored(T0, 1, [0])
+    e = r.restored(T0, 2, [2])
+    r.fetched(T0, e, [2, 3])
+    r.event("started", T0, e, 3)
+    r.event("succeeded", T0, e, 3)
+    r.commit_requested(T0)
+
+
 def restored_offset_in_gap(r: Recorder) -> None:
     """A restored offset inside a fetched range that did not arrive is a gap: it leaves
     finished_above without a commit becoming due, and cannot be started."""
@@ -767,6 +786,7 @@ SCENARIOS: dict[str, Callable[[Recorder], None]] = {
         two_partitions,
         finished_above_contents,
         restored_offset_held_at_batch_end,
+        restored_offset_at_committed,
         restored_offset_in_gap,
         unsent_flag,
         epoch_counter_survives_crash,

@@ -235,9 +235,20 @@ def test_restore_after_crash_skips_offsets_the_sink_already_holds(core: Consumer
     assert core.commit_requested(TP) == Commit(tp=TP, epoch=e2, offset=2, finished_above=(3,))
 
 
-def test_finished_above_must_lie_above_the_start() -> None:
+def test_finished_above_must_not_lie_below_the_start() -> None:
     with pytest.raises(OffsetOrderError):
-        PartitionTracker(5, finished_above=[5])
+        PartitionTracker(5, finished_above=[4, 6])
+
+
+def test_a_commit_whose_held_offset_equals_its_offset_can_be_restored() -> None:
+    """The crash loop the TLC graph replay found: a batch ending at held offset 2, all
+    finished, commits (2, [2]); that commit must be assignable again, and 2 never runs."""
+    first = PartitionTracker(0, finished_above=[2])
+    first.apply_many(Event.START, first.fetched([0, 1], end=2))
+    first.apply_many(Event.SUCCEED, [1, 0])
+    assert first.commit_requested() == 2 and first.finished_above() == (2,)
+    again = PartitionTracker(2, finished_above=first.finished_above())
+    assert list(again.fetched([2, 3])) == [3]
 
 
 # -- failures and retries --------------------------------------------------------------------

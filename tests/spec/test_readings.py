@@ -53,6 +53,9 @@ P, C, R, F = "partition.py", "consumer.py", "retry.py", "failures.py"
 
 READINGS: tuple[Reading, ...] = (
     # 1. what finished_above holds
+    _r("a restored offset must be above committed (one equal to it is refused)",
+       "restored_offset_at_committed",
+       (P, "if any(o < start for o in skip):", "if any(o <= start for o in skip):")),
     _r("finished_above lists only fetched offsets (restored ones not yet fetched are left out)",
        "finished_above_contents",
        (P, "return done + tuple(sorted(self._skip)) if self._skip else done", "return done")),

@@ -430,8 +430,8 @@ export class ConsumerCore {
     if (this.parts.has(tp.toString())) throw new IllegalTransition(`${tp} is already held`);
     if (committed < 0n) throw new OffsetOrderError(`${tp}: committed ${committed} < 0`);
     for (const o of finishedAbove) {
-      if (o <= committed) {
-        throw new OffsetOrderError(`${tp}: finished_above offset ${o} <= committed ${committed}`);
+      if (o < committed) {
+        throw new OffsetOrderError(`${tp}: finished_above offset ${o} < committed ${committed}`);
       }
     }
     const epoch = ++this.epochCounter;
