@@ -194,6 +194,8 @@ class Engine:
             if sink is None:
                 raise ValueError("exactly-once needs a sink")
             self.eo = ExactlyOnce(sink, options.txn_messages, options.txn_ms)
+            if isinstance(self.core, TracingCore):
+                self.core.fences = self.eo.fences  # the trace records fence tokens
             call = self._eo_call(handler)
         else:
             self.alo = AtLeastOnce(consumer, producer_factory or _no_producer)
@@ -890,8 +892,8 @@ class Engine:
             positions = self.sink.claim(tps, default_start=self._low)
             for tp in tps:
                 pos = positions[tp]
-                self.core.assign(tp, pos.committed, pos.finished_above)
                 self.eo.fences[tp] = pos.fence
+                self.core.assign(tp, pos.committed, pos.finished_above)
                 out[tp] = pos.committed
             return out
         committed = self.consumer.committed([KafkaTP(t, p) for t, p in tps], timeout=30)
