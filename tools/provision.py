@@ -8,7 +8,8 @@ Contract
   - PostgreSQL on 127.0.0.1:5432, trust authentication from 127.0.0.1 and ::1 only, a
     superuser role named after the user running this (and ``postgres``), database ``test``;
   - Redis on 127.0.0.1:6379, without persistence (no RDB snapshots, no AOF).
-* Fetches Apache Kafka from Maven Central into ``build/kafka/`` (see ``tools/kafka/``).
+* Fetches Apache Kafka from Maven Central into ``build/kafka/`` (see ``tools/kafka/``), and
+  Spark's Kafka connector into ``build/spark-kafka/`` (see ``tools/spark-kafka/``).
 * Idempotent, and fast when everything is there: a second run only probes (well under
   a second plus the Maven check, which is a stamp file).
 * Uses the standard library only: it runs with the system ``python3`` before the venv exists.
@@ -214,17 +215,18 @@ def redis() -> None:
 
 # -- Apache Kafka ---------------------------------------------------------------------------
 
-def kafka() -> None:
-    """Resolve Apache Kafka's jars with Maven into build/kafka (a stamp makes reruns free)."""
-    pom = ROOT / "tools" / "kafka" / "pom.xml"
+def maven_jars(name: str, what: str) -> None:
+    """Resolve ``tools/<name>/pom.xml``'s runtime jars with Maven into build/<name>/libs
+    (a stamp newer than the pom makes reruns free)."""
+    pom = ROOT / "tools" / name / "pom.xml"
     if not pom.exists():
         return
-    libs = BUILD / "kafka" / "libs"
-    stamp = BUILD / "kafka" / ".stamp"
+    libs = BUILD / name / "libs"
+    stamp = BUILD / name / ".stamp"
     if stamp.exists() and stamp.stat().st_mtime >= pom.stat().st_mtime and libs.is_dir():
-        say(f"Apache Kafka jars in {libs.relative_to(ROOT)}")
+        say(f"{what} jars in {libs.relative_to(ROOT)}")
         return
-    say("fetching Apache Kafka from Maven Central (once)")
+    say(f"fetching {what} from Maven Central (once)")
     libs.mkdir(parents=True, exist_ok=True)
     for old in libs.glob("*.jar"):
         old.unlink()
@@ -232,7 +234,17 @@ def kafka() -> None:
          f"-DoutputDirectory={libs}", "-DincludeScope=runtime"], timeout=1800,
         what="mvn dependency:copy-dependencies")
     stamp.touch()
-    say(f"Apache Kafka jars in {libs.relative_to(ROOT)} ({len(list(libs.glob('*.jar')))} jars)")
+    say(f"{what} jars in {libs.relative_to(ROOT)} ({len(list(libs.glob('*.jar')))} jars)")
+
+
+def kafka() -> None:
+    """Apache Kafka's broker jars (``tools/kafka/``)."""
+    maven_jars("kafka", "Apache Kafka")
+
+
+def spark_kafka() -> None:
+    """Spark's Kafka connector for PySpark (``tools/spark-kafka/``; htmqc.spark.session)."""
+    maven_jars("spark-kafka", "Spark's Kafka connector")
 
 
 STEPS: dict[str, tuple[tuple[str, ...], Callable[[], None] | None]] = {
@@ -241,6 +253,7 @@ STEPS: dict[str, tuple[tuple[str, ...], Callable[[], None] | None]] = {
     "prometheus": (("prometheus", "promtool"), None),
     "chromium": (("chromium",), None),
     "kafka": (("java", "maven"), kafka),
+    "spark-kafka": (("java", "maven"), spark_kafka),
 }
 
 

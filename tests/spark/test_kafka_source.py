@@ -1,10 +1,12 @@
-"""The ``htmqc-kafka`` streaming source and the exactly-once batch sinks, against
-the bundled broker: restart from the checkpoint, aborted transactions, and a
-failure injected inside ``foreachBatch``; every run is checked by the audit."""
+"""The ``htmqc-kafka`` source and the exactly-once batch sinks against a broker:
+restart from the checkpoint, aborted transactions, a failure inside
+``foreachBatch``, data loss (``failOnDataLoss``), and the same rows as Spark's
+own connector; every run is checked by the audit."""
 
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,31 +18,41 @@ from htmqc.audit.load import effects_from_source
 from htmqc.produce import produce
 from tests.services import require_module
 
-pytestmark = [pytest.mark.slow, pytest.mark.broker]
+pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.spark]
 
 pyspark = require_module("pyspark")
 from pyspark.errors import StreamingQueryException  # noqa: E402
 
-from htmqc.spark.kafka_source import register  # noqa: E402
+from htmqc.spark.session import connector_jars  # noqa: E402
 from htmqc.spark.sinks import ParquetBatchSink, SqlBatchSink  # noqa: E402
 
 Batch = Callable[[Any, int], None]
+ID_COLUMNS = (
+    "cast(substring(value, 1, 12) as string) AS id",
+    "cast(key AS string) AS key",
+    "partition",
+    "offset",
+)
+
+
+def reader(spark: Any, bootstrap: str, topic: str, fmt: str = "htmqc-kafka", **options: str) -> Any:
+    """``readStream`` of ``topic`` from the earliest offset, with ``options``."""
+    stream = (
+        spark.readStream.format(fmt)
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+    )
+    for name, value in options.items():
+        stream = stream.option(name, value)
+    return stream.load()
 
 
 def run_query(
     spark: Any, bootstrap: str, topic: str, checkpoint: Path, sink: Batch, **options: str
-) -> None:
+) -> Any:
     """One ``availableNow`` run of ``topic`` into ``sink``, resuming from ``checkpoint``."""
-    register(spark)
-    reader = spark.readStream.format("htmqc-kafka").option("bootstrap", bootstrap)
-    for name, value in {"topics": topic, **options}.items():
-        reader = reader.option(name, value)
-    rows = reader.load().selectExpr(
-        "cast(substring(value, 1, 12) as string) AS id",
-        "cast(key AS string) AS key",
-        "partition",
-        "offset",
-    )
+    rows = reader(spark, bootstrap, topic, **options).selectExpr(*ID_COLUMNS)
     query = (
         rows.writeStream.foreachBatch(sink)
         .option("checkpointLocation", str(checkpoint))
@@ -51,6 +63,7 @@ def run_query(
         query.awaitTermination(120)
     finally:
         query.stop()
+    return query
 
 
 def produced_ids(count: int, start: int = 0) -> list[Produced]:
@@ -60,6 +73,11 @@ def produced_ids(count: int, start: int = 0) -> list[Produced]:
 def parquet_effects(spark: Any, folder: Path) -> list[Effect]:
     rows = spark.read.parquet(str(folder)).orderBy("batch", "partition", "offset").collect()
     return [Effect(r.id, r.key, r.partition, r.offset) for r in rows]
+
+
+def sqlite_ids(db: Path) -> list[str]:
+    """Ids in table ``t`` of ``db``, in storage order."""
+    return [e.id for e in effects_from_source(f"sqlite:///{db}?table=t")]
 
 
 def test_restart_from_checkpoint_stores_every_id_once(
@@ -95,7 +113,7 @@ def test_aborted_transactions_are_never_read(
     # Batches of 700 offsets end inside transactions and on their markers.
     run_query(
         spark, broker.bootstrap, topic, tmp_path / "ck", SqlBatchSink(db, "effects", "q"),
-        maxRecordsPerBatch="700",
+        maxOffsetsPerTrigger="700",
     )  # fmt: skip
     report = audit(
         produced_ids(3000),
@@ -122,7 +140,7 @@ def test_failure_inside_foreach_batch_then_restart_stays_exactly_once(
             failed.append(batch_id)
             raise RuntimeError("injected crash before Spark records the batch")
 
-    options = {"maxRecordsPerBatch": "100"}
+    options = {"maxOffsetsPerTrigger": "100"}
     with pytest.raises(StreamingQueryException, match="injected crash"):
         run_query(spark, broker.bootstrap, topic, tmp_path / "ck", crash_after_store, **options)
     assert failed == [1]
@@ -132,3 +150,214 @@ def test_failure_inside_foreach_batch_then_restart_stays_exactly_once(
     assert report.ok, report.summary()
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT batch_id FROM htmqc_spark_batches").fetchone()[0] >= 2
+
+
+def test_a_fresh_checkpoint_on_a_used_sink_fails_instead_of_skipping(
+    spark: Any, broker: Any, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Issue 21: the sink said 'batch 0: 1000 rows' and stored 0 rows."""
+    topic = new_topic(partitions=1)
+    produce(broker.bootstrap, topic, 300, keys=3)
+    db, parquet = tmp_path / "out.db", tmp_path / "parquet"
+    small = {"maxOffsetsPerTrigger": "100"}
+    sinks = {"sql": SqlBatchSink(db, "t", "q"), "parquet": ParquetBatchSink(parquet)}
+    for name, sink in sinks.items():
+        run_query(spark, broker.bootstrap, topic, tmp_path / f"{name}1", sink, **small)
+    assert len(sqlite_ids(db)) == 300
+    for name, sink in sinks.items():
+        with pytest.raises(StreamingQueryException, match=rf"holds the batches of query .*{name}1"):
+            run_query(spark, broker.bootstrap, topic, tmp_path / f"{name}2", sink)
+    assert len(sqlite_ids(db)) == 300
+    run_query(
+        spark, broker.bootstrap, topic, tmp_path / "ck3", SqlBatchSink(db, "t", "q", adopt=True)
+    )
+    assert len(sqlite_ids(db)) == 600  # adopted: ck3's batch 0 is its own, all 300 again
+
+
+@pytest.mark.brokers("kafka")
+def test_recreated_topic_is_data_loss(
+    spark: Any, broker: Any, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Issue 21: a restart on the old checkpoint skipped ~300 records silently."""
+    from confluent_kafka.admin import AdminClient
+
+    topic = new_topic(partitions=2)
+    produce(broker.bootstrap, topic, 600, keys=4)
+    db = tmp_path / "out.db"
+    run_query(spark, broker.bootstrap, topic, tmp_path / "ck", SqlBatchSink(db, "t", "q"))
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.delete_topics([topic])[topic].result()
+    _recreate(admin, topic, 2)
+    produce(broker.bootstrap, topic, 900, keys=4, start_id=1000)
+    sink = SqlBatchSink(db, "t", "q")
+    with pytest.raises(StreamingQueryException, match=rf"data loss: {topic} recreated: topic id"):
+        run_query(spark, broker.bootstrap, topic, tmp_path / "ck", sink)
+    assert len(sqlite_ids(db)) == 600
+    query = run_query(spark, broker.bootstrap, topic, tmp_path / "ck", sink, failOnDataLoss="false")
+    assert sorted(sqlite_ids(db)) == [p.id for p in produced_ids(600) + produced_ids(900, 1000)]
+    assert query.lastProgress is None or "@lost" in str(query.recentProgress)
+
+
+def _recreate(admin: Any, topic: str, partitions: int) -> None:
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import NewTopic
+
+    deadline = time.monotonic() + 30
+    while True:  # deletion is asynchronous: TOPIC_ALREADY_EXISTS until it is done
+        try:
+            admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result()
+            return
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.3)
+
+
+@pytest.mark.brokers("kafka")
+def test_deleted_records_are_data_loss_and_counted(
+    spark: Any, broker: Any, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    topic = new_topic(partitions=1)
+    produce(broker.bootstrap, topic, 100, keys=2)
+    db = tmp_path / "out.db"
+    run_query(spark, broker.bootstrap, topic, tmp_path / "ck", SqlBatchSink(db, "t", "q"))
+    produce(broker.bootstrap, topic, 100, keys=2, start_id=100)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.delete_records([TopicPartition(topic, 0, 150)])[TopicPartition(topic, 0, 150)].result()
+    sink = SqlBatchSink(db, "t", "q")
+    with pytest.raises(
+        StreamingQueryException, match=rf"{topic}/0 deleted: next offset 100 < earliest 150"
+    ):
+        run_query(spark, broker.bootstrap, topic, tmp_path / "ck", sink)
+    query = run_query(spark, broker.bootstrap, topic, tmp_path / "ck", sink, failOnDataLoss="false")
+    assert sqlite_ids(db) == [p.id for p in produced_ids(100) + produced_ids(50, 150)]
+    ends = [p["sources"][0]["endOffset"] for p in query.recentProgress]
+    assert any('"@lost":{"offsets":50,"events":1}' in e.replace(" ", "") for e in ends), ends
+
+
+@pytest.mark.brokers("kafka")
+def test_partitions_added_mid_stream_are_read_from_offset_zero(
+    spark: Any, broker: Any, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    topic = new_topic(partitions=1)
+    produce(broker.bootstrap, topic, 100, keys=2)
+    db = tmp_path / "out.db"
+    sink = SqlBatchSink(db, "t", "q")
+    run_query(spark, broker.bootstrap, topic, tmp_path / "ck", sink)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_partitions([NewPartitions(topic, 3)])[topic].result()
+    produce(broker.bootstrap, topic, 300, keys=30, start_id=100)
+    run_query(spark, broker.bootstrap, topic, tmp_path / "ck", sink)
+    effects = list(effects_from_source(f"sqlite:///{db}?table=t"))
+    assert audit(produced_ids(400), effects).ok
+    assert {e.partition for e in effects} == {0, 1, 2}
+
+
+@pytest.mark.brokers("kafka")
+def test_spark_connector_and_htmqc_kafka_read_the_same_rows(
+    spark: Any, broker: Any, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Aborted transactions (gaps of aborted records and markers) read both ways."""
+    if not connector_jars():
+        pytest.skip("Spark's Kafka connector is not fetched: run `make setup`")
+    topic = new_topic(partitions=3)
+    written = produce(broker.bootstrap, topic, 3000, keys=9, transactional=True, abort_every=3)
+    assert written.aborted_ids
+    columns = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
+    stored: dict[str, list[tuple[Any, ...]]] = {}
+    for fmt in ("kafka", "htmqc-kafka"):
+        rows: list[tuple[Any, ...]] = []
+
+        def keep(df: Any, batch_id: int, rows: list[tuple[Any, ...]] = rows) -> None:
+            rows.extend(tuple(r) for r in df.select(*columns).collect())
+
+        stream = reader(
+            spark, broker.bootstrap, topic, fmt,
+            maxOffsetsPerTrigger="1000", **{"kafka.isolation.level": "read_committed"},
+        )  # fmt: skip
+        query = (
+            stream.writeStream.foreachBatch(keep)
+            .option("checkpointLocation", str(tmp_path / fmt))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        query.stop()
+        stored[fmt] = sorted(rows, key=lambda r: (r[3], r[4]))
+        batch = (
+            spark.read.format(fmt)
+            .option("kafka.bootstrap.servers", broker.bootstrap)
+            .option("subscribe", topic)
+            .option("kafka.isolation.level", "read_committed")
+            .load()
+            .select(*columns)
+            .orderBy("partition", "offset")
+        )
+        assert [tuple(r) for r in batch.collect()] == stored[fmt]
+    assert len(stored["kafka"]) == 3000 - len(written.aborted_ids)
+    assert stored["htmqc-kafka"] == stored["kafka"]
+
+
+@pytest.mark.brokers("kafka")
+def test_planning_does_not_grow_a_second_per_partition(
+    spark: Any, broker: Any, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Issue 21: latestOffset took about 1 s per partition (3,993 ms for 4)."""
+    topic = new_topic(partitions=16)
+    produce(broker.bootstrap, topic, 1600, keys=64)
+    stream = reader(spark, broker.bootstrap, topic, maxOffsetsPerTrigger="800")
+    query = (
+        stream.writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    query.stop()
+    progress = query.recentProgress
+    assert sum(p["numInputRows"] for p in progress) == 1600
+    worst = max(p["durationMs"].get("latestOffset", 0) for p in progress)
+    assert worst < 1500, [p["durationMs"] for p in progress]
+
+
+@pytest.mark.brokers("kafka")
+def test_batch_read_by_offsets_and_timestamps_with_headers(
+    spark: Any, broker: Any, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic(partitions=2)
+    produce(broker.bootstrap, topic, 40, keys=4)
+    middle = int(time.time() * 1000) + 1
+    time.sleep(0.05)
+    produce(broker.bootstrap, topic, 40, keys=4, start_id=40)
+
+    def read(**options: str) -> list[Any]:
+        frame = (
+            spark.read.format("htmqc-kafka")
+            .option("kafka.bootstrap.servers", broker.bootstrap)
+            .option("subscribe", topic)
+        )
+        for name, value in options.items():
+            frame = frame.option(name, value)
+        return frame.load().selectExpr(*ID_COLUMNS, "timestampType").collect()
+
+    assert len(read()) == 80
+    late = read(startingTimestamp=str(middle), startingOffsetsByTimestampStrategy="latest")
+    assert sorted(r.id for r in late) == [p.id for p in produced_ids(40, 40)]
+    assert {r.timestampType for r in late} == {0}  # CreateTime, as Spark numbers it
+    first = read(endingOffsets=f'{{"{topic}": {{"0": 5, "1": 5}}}}')
+    assert len(first) == 10
+    headers = (
+        spark.read.format("htmqc-kafka")
+        .option("kafka.bootstrap.servers", broker.bootstrap)
+        .option("subscribe", topic)
+        .option("includeHeaders", "true")
+        .load()
+        .select("headers")
+        .first()
+    )
+    assert headers.headers[0].key == "htmqc-id"

@@ -1,8 +1,12 @@
-"""The ``foreachBatch`` sinks store a batch id once, however often it is replayed."""
+"""The ``foreachBatch`` sinks store a batch id once, however often it is replayed;
+rows go from the executors (never through the driver), typed, appended or upserted."""
 
 from __future__ import annotations
 
+import datetime as dt
+import decimal
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +15,7 @@ import pytest
 from htmqc.spark.sinks import ParquetBatchSink, SqlBatchSink
 from tests.services import postgres_url
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -21,17 +25,30 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return postgres_url()
 
 
-def rows_of(sink: SqlBatchSink) -> list[tuple[Any, ...]]:
+@pytest.fixture
+def no_driver_rows(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Fail if a sink pulls a batch's rows to the driver."""
+    from pyspark.sql import DataFrame
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a sink pulled rows through the driver")
+
+    for name in ("collect", "toLocalIterator", "toPandas", "take", "toArrow"):
+        monkeypatch.setattr(DataFrame, name, refuse)
+    yield
+
+
+def rows_of(sink: SqlBatchSink, columns: str = "id, payload") -> list[tuple[Any, ...]]:
     conn = sink._connect()
     try:
         cur = conn.cursor()
-        cur.execute(f'SELECT id, payload FROM "{sink.table}" ORDER BY id')
+        cur.execute(f'SELECT {columns} FROM "{sink.table}" ORDER BY id')
         return [tuple(r) for r in cur.fetchall()]
     finally:
         conn.close()
 
 
-def test_sql_sink_skips_a_replayed_batch(spark: Any, target: str) -> None:
+def test_sql_sink_skips_a_replayed_batch(spark: Any, target: str, no_driver_rows: None) -> None:
     name = f"t_{uuid.uuid4().hex[:8]}"
     sink = SqlBatchSink(target, name, query=name)
     first = spark.createDataFrame([(1, b"a"), (2, b"b")], "id LONG, payload BINARY")
@@ -58,12 +75,83 @@ def test_sql_sink_rolls_back_a_failed_batch(spark: Any, tmp_path: Path) -> None:
     assert rows_of(sink) == [(1, b"a")]
 
 
+def test_upsert_keeps_the_last_row_of_each_key(spark: Any, target: str) -> None:
+    name = f"u_{uuid.uuid4().hex[:8]}"
+    sink = SqlBatchSink(target, name, query=name, mode="upsert", keys=("id",))
+    schema = "id LONG, payload BINARY"
+    sink(spark.createDataFrame([(1, b"a"), (2, b"b"), (1, b"a2")], schema).coalesce(1), 0)
+    sink(spark.createDataFrame([(2, b"b2"), (3, b"c")], schema), 1)
+    sink(spark.createDataFrame([(2, b"zz")], schema), 1)  # a replay changes nothing
+    assert rows_of(sink) == [(1, b"a2"), (2, b"b2"), (3, b"c")]
+
+
+def test_postgres_columns_get_proper_types(spark: Any) -> None:
+    name = f"ty_{uuid.uuid4().hex[:8]}"
+    sink = SqlBatchSink(postgres_url(), name, query=name)
+    df = spark.sql(
+        "SELECT 1L AS id, 2.5D AS d, true AS b, DATE'2026-01-02' AS day, "
+        "CAST(12.34 AS DECIMAL(10,2)) AS amount, CAST(7 AS SMALLINT) AS small, "
+        "TIMESTAMP'2026-01-02 03:04:05' AS at, array(named_struct('k', 'x')) AS items"
+    )
+    sink(df, 0)
+    conn = sink._connect()
+    try:
+        cur = conn.cursor()
+        cur.execute(
+            "SELECT column_name, data_type FROM information_schema.columns "
+            "WHERE table_name = %s ORDER BY ordinal_position",
+            (name,),
+        )
+        types = dict(cur.fetchall())
+        cur.execute(f'SELECT d, b, day, amount, small, at, items FROM "{name}"')
+        row = cur.fetchone()
+    finally:
+        conn.close()
+    assert types == {
+        "id": "bigint",
+        "d": "double precision",
+        "b": "boolean",
+        "day": "date",
+        "amount": "numeric",
+        "small": "smallint",
+        "at": "timestamp with time zone",
+        "items": "jsonb",
+        "_htmqc_seq": "bigint",
+    }
+    assert row == (
+        2.5,
+        True,
+        dt.date(2026, 1, 2),
+        decimal.Decimal("12.34"),
+        7,
+        dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC),
+        [{"k": "x"}],
+    )
+
+
 def test_parquet_sink_writes_each_batch_once(spark: Any, tmp_path: Path) -> None:
     sink = ParquetBatchSink(tmp_path / "out")
     df = spark.createDataFrame([(1,), (2,)], "id LONG")
     sink(df, 0)
     sink(df, 0)
     sink(df.limit(1), 1)
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["batch=0", "batch=1"]
+    batches = sorted(p.name for p in (tmp_path / "out").iterdir() if p.name.startswith("batch="))
+    assert batches == ["batch=0", "batch=1"]
     stored = spark.read.parquet(str(tmp_path / "out"))
     assert sorted((r.batch, r.id) for r in stored.collect()) == [(0, 1), (0, 2), (1, 1)]
+
+
+def test_parquet_sink_removes_what_a_killed_batch_left(spark: Any, tmp_path: Path) -> None:
+    sink = ParquetBatchSink(tmp_path / "out")
+    df = spark.createDataFrame([(1,)], "id LONG")
+    sink(df, 0)
+    left = tmp_path / "out" / "_tmp-batch=1-deadbeef"  # as a kill -9 mid-write leaves it
+    left.mkdir()
+    (left / "part-0.parquet").write_bytes(b"partial")
+    sink(df, 1)
+    assert not left.exists()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "_htmqc_query.json",
+        "batch=0",
+        "batch=1",
+    ]

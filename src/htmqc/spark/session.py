@@ -5,6 +5,12 @@ the PATH, which lacks htmqc's dependencies) and binds to the host's address;
 :func:`spark_session` points both at this interpreter and loopback unless the
 caller set them. Small shuffles (``spark.sql.shuffle.partitions`` 4) and no UI
 keep ``local[N]`` jobs fast.
+
+Spark's own Kafka connector (``format("kafka")``) is put on the classpath
+(``spark.jars``) when its jars are there: ``make setup`` resolves them from Maven
+Central into ``build/spark-kafka/libs`` (``tools/spark-kafka/pom.xml``;
+``$HTMQC_SPARK_KAFKA_LIBS`` overrides the folder). :func:`connector_jars` lists
+them and :func:`require_connector` says how to get them.
 """
 
 from __future__ import annotations
@@ -13,9 +19,33 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from htmqc.errors import UsageError
+
+LIBS_ENV = "HTMQC_SPARK_KAFKA_LIBS"
+REPO_LIBS = Path(__file__).resolve().parents[3] / "build" / "spark-kafka" / "libs"
+
+
+def connector_jars() -> list[str]:
+    """The jars of Spark's Kafka connector, or ``[]`` when they are not there."""
+    libs = Path(os.environ.get(LIBS_ENV) or REPO_LIBS)
+    jars = sorted(str(j) for j in libs.glob("*.jar"))
+    return jars if any("spark-sql-kafka" in Path(j).name for j in jars) else []
+
+
+def require_connector() -> list[str]:
+    """:func:`connector_jars`, or a :class:`UsageError` saying how to fetch them."""
+    jars = connector_jars()
+    if not jars:
+        raise UsageError(
+            "Spark's Kafka connector (spark-sql-kafka-0-10) is not in "
+            f"{os.environ.get(LIBS_ENV) or REPO_LIBS}",
+            "run `make setup` (it fetches it from Maven Central), set "
+            f"{LIBS_ENV}, or read with format('htmqc-kafka')",
+        )
+    return jars
 
 
 def prepare_environment() -> None:
@@ -44,9 +74,16 @@ def build_session(master: str = "local[2]", app: str = "htmqc", **conf: str) -> 
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", os.environ.get("HTMQC_SPARK_DRIVER_MEMORY", "2g"))
     )
+    jars = connector_jars()
+    if jars:
+        builder = builder.config("spark.jars", ",".join(jars))
     for key, value in conf.items():
         builder = builder.config(key.replace("__", "."), value)
-    return builder.getOrCreate()
+    spark = builder.getOrCreate()
+    from htmqc.spark.kafka_source import register
+
+    register(spark)
+    return spark
 
 
 @contextmanager

@@ -1,143 +1,456 @@
-"""Exactly-once ``foreachBatch`` sinks: a replayed micro-batch writes nothing twice.
+"""Exactly-once ``foreachBatch`` sinks: a replayed micro-batch writes nothing twice,
+and a batch record is never silently shared by two queries.
 
 Spark replays a micro-batch after a failure with the same batch id and the
-same rows (the source's offsets for that id are in the checkpoint). So:
+same rows (the source's offsets for that id are in the checkpoint). So each
+sink records the last batch id it stored, and skips a batch id at or below it.
+That record is *bound to the query* that wrote it: Spark's query id (kept in
+the checkpoint, so it survives restarts) and the checkpoint's path. A query
+with another id - a fresh checkpoint reusing a sink name or directory - fails
+its first batch with one line naming both queries, instead of having its
+batches 0, 1, 2 ... skipped as "already stored"; ``adopt=True``
+(:class:`SqlBatchSink`) lets it take the record over and start its own batch
+ids.
 
-* :class:`SqlBatchSink` (SQLite, or PostgreSQL through psycopg) inserts the
-  batch's rows and records ``(query, batch id)`` in ``htmqc_spark_batches`` in
-  the *same* transaction; a batch id at or below the recorded one is skipped.
-  ``query`` must name the streaming query stably (one per checkpoint).
+* :class:`SqlBatchSink` (SQLite, or PostgreSQL through psycopg). The rows never
+  pass through the driver: each Spark task writes its rows to a staging table
+  (``COPY`` for PostgreSQL), tagged with the batch attempt's token and the
+  task's partition, in one transaction that first deletes that partition's
+  rows of the same attempt (a retried task replaces, never adds). Then the
+  driver, in *one* transaction, checks and advances the batch record in
+  ``htmqc_spark_batches`` and moves the attempt's rows from staging into the
+  table (``INSERT ... SELECT``, in Kafka order), or upserts them on the user's
+  ``keys`` (the last row of a key in the batch wins). A crash anywhere leaves
+  the table and the record unchanged; staging rows of dead attempts are
+  deleted at the next batch. Column types: :mod:`htmqc.spark.sql_types`; a
+  PostgreSQL table the sink creates gets a ``_htmqc_seq`` identity column
+  (storage order, for ``htmqc audit``).
 * :class:`ParquetBatchSink` writes each batch to ``DIR/batch=<id>`` through a
-  temporary directory renamed into place (atomic on one local filesystem);
-  an existing ``batch=<id>`` means the batch is already stored.
-
-Rows are the batch DataFrame's columns, by name; the SQL table must exist or
-is created with the DataFrame's column names (typed by SQLite's affinity, or
-BYTEA/BIGINT/TEXT/TIMESTAMPTZ for PostgreSQL).
+  temporary directory renamed into place (atomic on one filesystem); an
+  existing ``batch=<id>`` means the batch is stored. ``DIR/_htmqc_query.json``
+  binds the directory to its query; temporary directories a killed batch left
+  are removed before the next batch writes.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import sqlite3
 import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from htmqc.errors import UsageError
+from htmqc.spark.sql_types import prepare, sql_type, to_sql_value
 
 BATCHES_TABLE = "htmqc_spark_batches"
-_PG_TYPES = {"binary": "BYTEA", "int": "BIGINT", "bigint": "BIGINT", "timestamp": "TIMESTAMPTZ"}
+SEQ_COLUMN = "_htmqc_seq"
+_TOKEN, _QUERY, _PART, _ROW = "_htmqc_token", "_htmqc_query", "_htmqc_part", "_htmqc_row"
+_BINDING_FILE = "_htmqc_query.json"
+
+
+@dataclass(frozen=True)
+class QueryIdentity:
+    """Who writes a batch: Spark's query id and checkpoint (``direct`` outside a query)."""
+
+    query_id: str
+    checkpoint: str
+
+    def describe(self) -> str:
+        return f"query {self.query_id} (checkpoint {self.checkpoint or 'unknown'})"
+
+
+DIRECT = QueryIdentity("direct", "")
+"""A sink called by hand, not by a streaming query."""
+
+
+def query_identity(df: Any) -> QueryIdentity:
+    """The streaming query running this ``foreachBatch`` call (Spark's local
+    property ``sql.streaming.queryId`` is set on the query's thread)."""
+    from pyspark.sql import SparkSession
+
+    session = df.sparkSession
+    query_id = session.sparkContext.getLocalProperty("sql.streaming.queryId")
+    if not query_id:
+        return DIRECT
+    checkpoint = ""
+    main = SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+    for query in main.streams.active:  # foreachBatch's session is a clone
+        if query.id == query_id:
+            try:
+                checkpoint = str(query._jsq.streamingQuery().resolvedCheckpointRoot())
+            except Exception:  # Spark Connect or an internal change: the id suffices
+                checkpoint = ""
+    return QueryIdentity(query_id, checkpoint)
+
+
+class BindingError(RuntimeError):
+    """A batch record written by another query (a fresh checkpoint, or another query)."""
+
+    def __init__(self, where: str, owner: QueryIdentity, me: QueryIdentity, fix: str) -> None:
+        super().__init__(
+            f"{where} holds the batches of {owner.describe()}, not of this "
+            f"{me.describe()}: its batch ids would be skipped as stored; {fix}"
+        )
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 class SqlBatchSink:
     """``foreachBatch`` callable storing each batch once into ``table``.
 
-    ``target``: a SQLite file path, or a ``postgresql://`` URL.
+    ``target``: a SQLite file path, or a ``postgresql://`` URL. ``query`` names
+    the batch record (one per streaming query). ``mode``: ``append`` (insert
+    every row) or ``upsert`` (insert or update on ``keys``; the table gets a
+    primary key on them when the sink creates it, or needs a unique index).
+    ``adopt``: take over a batch record another query wrote (see module docs).
     """
 
-    def __init__(self, target: str | os.PathLike[str], table: str, query: str) -> None:
+    def __init__(
+        self,
+        target: str | os.PathLike[str],
+        table: str,
+        query: str,
+        *,
+        mode: Literal["append", "upsert"] = "append",
+        keys: Sequence[str] = (),
+        adopt: bool = False,
+    ) -> None:
+        if mode not in ("append", "upsert"):
+            raise UsageError(f"SqlBatchSink mode {mode!r} is unknown", "use append or upsert")
+        if (mode == "upsert") != bool(keys):
+            raise UsageError(
+                "SqlBatchSink: upsert needs keys, and only upsert takes keys",
+                "pass mode='upsert', keys=('id',) or neither",
+            )
         self.target = str(target)
         self.table = table
         self.query = query
+        self.mode = mode
+        self.keys = tuple(keys)
+        self.adopt = adopt
         self.postgres = self.target.startswith(("postgresql://", "postgres://"))
 
+    # -- connections and the batch record -------------------------------------------------
+
     def _connect(self) -> Any:
-        if self.postgres:
-            import psycopg
+        return _connect(self.target, self.postgres)
 
-            return psycopg.connect(self.target, autocommit=False)
-        conn = sqlite3.connect(self.target, timeout=30, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        return conn
-
-    def last_batch(self) -> int | None:
-        """The highest batch id stored for this query, or ``None``."""
-        conn = self._connect()
-        try:
-            self._ensure_batches(conn.cursor())
-            return self._last(conn.cursor())
-        finally:
-            conn.commit() if self.postgres else None
-            conn.close()
+    def _p(self) -> str:
+        return "%s" if self.postgres else "?"
 
     def _ensure_batches(self, cur: Any) -> None:
         cur.execute(
-            f"CREATE TABLE IF NOT EXISTS {BATCHES_TABLE} "
-            "(query TEXT PRIMARY KEY, batch_id BIGINT NOT NULL)"
+            f"CREATE TABLE IF NOT EXISTS {BATCHES_TABLE} (query TEXT PRIMARY KEY, "
+            "batch_id BIGINT NOT NULL, query_id TEXT, checkpoint TEXT)"
+        )
+        have = _columns(cur, BATCHES_TABLE, self.postgres)
+        for column in ("query_id", "checkpoint"):  # records of the first htmqc-spark
+            if column not in have:
+                cur.execute(f"ALTER TABLE {BATCHES_TABLE} ADD COLUMN {column} TEXT")
+
+    def _record(self, cur: Any, lock: bool = False) -> tuple[int, QueryIdentity] | None:
+        p = self._p()
+        cur.execute(
+            f"SELECT batch_id, query_id, checkpoint FROM {BATCHES_TABLE} WHERE query = {p}"
+            + (" FOR UPDATE" if lock and self.postgres else ""),
+            (self.query,),
+        )
+        row = cur.fetchone()
+        if row is None:
+            return None
+        return int(row[0]), QueryIdentity(row[1] or "unknown", row[2] or "")
+
+    def last_batch(self) -> int | None:
+        """The highest batch id stored under this sink's ``query`` name, or ``None``."""
+        conn = self._connect()
+        try:
+            cur = conn.cursor()
+            self._ensure_batches(cur)
+            record = self._record(cur)
+            conn.commit()
+            return None if record is None or record[0] < 0 else record[0]
+        finally:
+            conn.close()
+
+    def _decide(
+        self, record: tuple[int, QueryIdentity] | None, me: QueryIdentity, batch: int
+    ) -> str:
+        """``write``, ``skip`` (stored), or ``adopt`` (write, taking the record over)."""
+        if record is None:
+            return "write"
+        last, owner = record
+        if owner.query_id != me.query_id:
+            if not self.adopt:
+                raise BindingError(
+                    f"batch record {self.query!r} in {BATCHES_TABLE} ({self._where()})",
+                    owner,
+                    me,
+                    "use a new sink query name, restart from that checkpoint, "
+                    "or pass adopt=True to take the record over",
+                )
+            return "adopt"
+        return "skip" if batch <= last else "write"
+
+    def _where(self) -> str:
+        return "PostgreSQL" if self.postgres else self.target
+
+    # -- tables ----------------------------------------------------------------------------
+
+    def _columns_sql(self, df: Any) -> list[tuple[str, str, str]]:
+        """(name, Spark type, SQL type) per column."""
+        return [
+            (
+                f.name,
+                f.dataType.simpleString(),
+                sql_type(f.name, f.dataType.simpleString(), self.postgres),
+            )
+            for f in df.schema.fields
+        ]
+
+    def _ensure_tables(self, cur: Any, columns: list[tuple[str, str, str]]) -> str:
+        """Create the table (if missing) and this column set's staging table; its name."""
+        defs = [f"{_quote(n)} {t}" for n, _, t in columns]
+        extra = [f"{SEQ_COLUMN} BIGINT GENERATED BY DEFAULT AS IDENTITY"] if self.postgres else []
+        key = [f"PRIMARY KEY ({', '.join(_quote(k) for k in self.keys)})"] if self.keys else []
+        cur.execute(
+            f"CREATE TABLE IF NOT EXISTS {_quote(self.table)} ({', '.join(defs + extra + key)})"
+        )
+        if self.keys:
+            name = _quote(f"{self.table}_htmqc_keys")
+            keys = ", ".join(_quote(k) for k in self.keys)
+            cur.execute(
+                f"CREATE UNIQUE INDEX IF NOT EXISTS {name} ON {_quote(self.table)} ({keys})"
+            )
+        digest = hashlib.sha1(repr(columns).encode()).hexdigest()[:10]
+        stage = f"htmqc_stage_{digest}"
+        meta = [
+            f"{_TOKEN} TEXT NOT NULL",
+            f"{_QUERY} TEXT NOT NULL",
+            f"{_PART} INTEGER NOT NULL",
+            f"{_ROW} BIGINT NOT NULL",
+        ]
+        cur.execute(f"CREATE TABLE IF NOT EXISTS {stage} ({', '.join(defs + meta)})")
+        return stage
+
+    def _move(self, cur: Any, stage: str, names: list[str], token: str) -> None:
+        cols = ", ".join(_quote(n) for n in names)
+        p = self._p()
+        if self.mode == "append":
+            cur.execute(
+                f"INSERT INTO {_quote(self.table)} ({cols}) SELECT {cols} FROM {stage} "
+                f"WHERE {_TOKEN} = {p} ORDER BY {_PART}, {_ROW}",
+                (token,),
+            )
+            return
+        keys = ", ".join(_quote(k) for k in self.keys)
+        rest = [n for n in names if n not in self.keys]
+        action = (
+            "DO UPDATE SET " + ", ".join(f"{_quote(n)} = excluded.{_quote(n)}" for n in rest)
+            if rest
+            else "DO NOTHING"
+        )
+        cur.execute(
+            f"INSERT INTO {_quote(self.table)} ({cols}) SELECT {cols} FROM ("
+            f"SELECT {cols}, {_PART}, {_ROW}, ROW_NUMBER() OVER (PARTITION BY {keys} "
+            f"ORDER BY {_PART} DESC, {_ROW} DESC) AS _htmqc_last FROM {stage} "
+            f"WHERE {_TOKEN} = {p}) AS s WHERE _htmqc_last = 1 ORDER BY {_PART}, {_ROW} "
+            f"ON CONFLICT ({keys}) {action}",
+            (token,),
         )
 
-    def _last(self, cur: Any) -> int | None:
-        p = "%s" if self.postgres else "?"
-        cur.execute(f"SELECT batch_id FROM {BATCHES_TABLE} WHERE query = {p}", (self.query,))
-        row = cur.fetchone()
-        return None if row is None else int(row[0])
-
-    def _ensure_table(self, cur: Any, df: Any) -> None:
-        if self.postgres:
-            cols = ", ".join(
-                f'"{f.name}" {_PG_TYPES.get(f.dataType.simpleString(), "TEXT")}'
-                for f in df.schema.fields
-            )
-        else:
-            cols = ", ".join(f'"{name}"' for name in df.columns)
-        cur.execute(f'CREATE TABLE IF NOT EXISTS "{self.table}" ({cols})')
+    # -- one batch -----------------------------------------------------------------------
 
     def __call__(self, df: Any, batch_id: int) -> None:
         """Store ``df`` as batch ``batch_id`` unless it is already stored."""
+        me = query_identity(df)
+        df = prepare(df)
+        columns = self._columns_sql(df)
+        missing = [k for k in self.keys if k not in {n for n, _, _ in columns}]
+        if missing:
+            raise UsageError(f"SqlBatchSink: upsert keys {missing} are not columns", "fix keys")
         conn = self._connect()
-        p = "%s" if self.postgres else "?"
         try:
             cur = conn.cursor()
-            if not self.postgres:
-                cur.execute("BEGIN IMMEDIATE")
+            _begin(conn, cur, self.postgres)
             self._ensure_batches(cur)
-            if self.postgres:  # serialize writers of this query on its row
-                cur.execute(
-                    f"INSERT INTO {BATCHES_TABLE} VALUES (%s, -1) ON CONFLICT DO NOTHING",
-                    (self.query,),
-                )
-                cur.execute(
-                    f"SELECT batch_id FROM {BATCHES_TABLE} WHERE query = %s FOR UPDATE",
-                    (self.query,),
-                )
-            last = self._last(cur)
-            if last is not None and batch_id <= last:
-                conn.rollback() if self.postgres else cur.execute("ROLLBACK")
+            if self._decide(self._record(cur), me, batch_id) == "skip":
+                conn.commit()
                 return
-            self._ensure_table(cur, df)
-            names = ", ".join(f'"{n}"' for n in df.columns)
-            marks = ", ".join([p] * len(df.columns))
-            insert = f'INSERT INTO "{self.table}" ({names}) VALUES ({marks})'
-            chunk: list[tuple[Any, ...]] = []
-            for row in df.toLocalIterator():
-                chunk.append(tuple(_plain(v) for v in row))
-                if len(chunk) >= 5000:
-                    cur.executemany(insert, chunk)
-                    chunk = []
-            if chunk:
-                cur.executemany(insert, chunk)
-            cur.execute(
-                f"INSERT INTO {BATCHES_TABLE} (query, batch_id) VALUES ({p}, {p}) "
-                "ON CONFLICT (query) DO UPDATE SET batch_id = excluded.batch_id",
-                (self.query, batch_id),
-            )
-            conn.commit() if self.postgres else cur.execute("COMMIT")
-        except BaseException:
-            if self.postgres:
+            stage = self._ensure_tables(cur, columns)
+            p = self._p()
+            cur.execute(f"DELETE FROM {stage} WHERE {_QUERY} = {p}", (self.query,))  # dead attempts
+            conn.commit()
+        finally:
+            conn.close()
+        token = uuid.uuid4().hex
+        writer = _StageWriter(self.target, self.postgres, stage, columns, token, self.query)
+        try:
+            df.foreachPartition(writer)
+            self._finish(batch_id, me, stage, [n for n, _, _ in columns], token)
+        finally:
+            writer.discard()
+
+    def _finish(
+        self, batch_id: int, me: QueryIdentity, stage: str, names: list[str], token: str
+    ) -> None:
+        """The batch's one transaction: record and rows, or neither."""
+        conn = self._connect()
+        p = self._p()
+        try:
+            cur = conn.cursor()
+            _begin(conn, cur, self.postgres)
+            if self.postgres:  # serialize writers of this record on its row
+                cur.execute(
+                    f"INSERT INTO {BATCHES_TABLE} (query, batch_id, query_id, checkpoint) "
+                    "VALUES (%s, -1, %s, %s) ON CONFLICT DO NOTHING",
+                    (self.query, me.query_id, me.checkpoint),
+                )
+            decision = self._decide(self._record(cur, lock=True), me, batch_id)
+            if decision == "skip":  # another attempt of this batch got here first
                 conn.rollback()
-            elif conn.in_transaction:
-                conn.execute("ROLLBACK")
+                return
+            self._move(cur, stage, names, token)
+            cur.execute(
+                f"INSERT INTO {BATCHES_TABLE} (query, batch_id, query_id, checkpoint) "
+                f"VALUES ({p}, {p}, {p}, {p}) ON CONFLICT (query) DO UPDATE SET "
+                "batch_id = excluded.batch_id, query_id = excluded.query_id, "
+                "checkpoint = excluded.checkpoint",
+                (self.query, batch_id, me.query_id, me.checkpoint),
+            )
+            cur.execute(f"DELETE FROM {stage} WHERE {_TOKEN} = {p}", (token,))
+            conn.commit()
+        except BaseException:
+            conn.rollback()
             raise
         finally:
             conn.close()
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, bytearray):
-        return bytes(value)
-    if isinstance(value, list):  # headers: keep them readable in one column
-        return repr([tuple(v) for v in value])
-    return value
+def _connect(target: str, postgres: bool) -> Any:
+    if postgres:
+        import psycopg
+
+        return psycopg.connect(target, autocommit=False)
+    conn = sqlite3.connect(target, timeout=60, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    return _SqliteTx(conn)
+
+
+class _SqliteTx:
+    """sqlite3 in autocommit mode with explicit ``BEGIN IMMEDIATE`` (a write lock
+    from the start), behind psycopg's commit/rollback/cursor names."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def cursor(self) -> sqlite3.Cursor:
+        return self.conn.cursor()
+
+    def commit(self) -> None:
+        if self.conn.in_transaction:
+            self.conn.execute("COMMIT")
+
+    def rollback(self) -> None:
+        if self.conn.in_transaction:
+            self.conn.execute("ROLLBACK")
+
+    def close(self) -> None:
+        self.rollback()
+        self.conn.close()
+
+
+def _begin(conn: Any, cur: Any, postgres: bool) -> None:
+    if not postgres:
+        cur.execute("BEGIN IMMEDIATE")
+
+
+def _columns(cur: Any, table: str, postgres: bool) -> set[str]:
+    if postgres:
+        cur.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = %s", (table,)
+        )
+        return {row[0] for row in cur.fetchall()}
+    cur.execute(f"PRAGMA table_info({table})")
+    return {row[1] for row in cur.fetchall()}
+
+
+class _StageWriter:
+    """Runs in the executors (``foreachPartition``): one task's rows into staging."""
+
+    def __init__(
+        self,
+        target: str,
+        postgres: bool,
+        stage: str,
+        columns: list[tuple[str, str, str]],
+        token: str,
+        query: str,
+    ) -> None:
+        self.target, self.postgres, self.stage = target, postgres, stage
+        self.columns, self.token, self.query = columns, token, query
+
+    def __call__(self, rows: Iterator[Any]) -> None:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        part = context.partitionId() if context is not None else 0
+        names = [n for n, _, _ in self.columns] + [_TOKEN, _QUERY, _PART, _ROW]
+        cols = ", ".join(_quote(n) for n in names)
+        kinds = [s for _, s, _ in self.columns]
+        tail = (self.token, self.query, part)
+
+        def values() -> Iterator[tuple[Any, ...]]:
+            for index, row in enumerate(rows):
+                plain = (to_sql_value(v, k, self.postgres) for v, k in zip(row, kinds, strict=True))
+                yield (*plain, *tail, index)
+
+        conn = _connect(self.target, self.postgres)
+        try:
+            cur = conn.cursor()
+            _begin(conn, cur, self.postgres)
+            p = "%s" if self.postgres else "?"
+            cur.execute(
+                f"DELETE FROM {self.stage} WHERE {_TOKEN} = {p} AND {_PART} = {p}",
+                (self.token, part),
+            )
+            if self.postgres:
+                cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"{self.token}/{part}",))
+                with cur.copy(f"COPY {self.stage} ({cols}) FROM STDIN") as copy:
+                    for value in values():
+                        copy.write_row(value)
+            else:
+                marks = ", ".join(["?"] * len(names))
+                cur.executemany(f"INSERT INTO {self.stage} ({cols}) VALUES ({marks})", values())
+            conn.commit()
+        except BaseException:
+            conn.rollback()
+            raise
+        finally:
+            conn.close()
+
+    def discard(self) -> None:
+        """Delete this attempt's staging rows (best effort; the next batch does it too)."""
+        try:
+            conn = _connect(self.target, self.postgres)
+        except Exception:
+            return
+        try:
+            cur = conn.cursor()
+            p = "%s" if self.postgres else "?"
+            cur.execute(f"DELETE FROM {self.stage} WHERE {_TOKEN} = {p}", (self.token,))
+            conn.commit()
+        except Exception:
+            conn.rollback()
+        finally:
+            conn.close()
 
 
 class ParquetBatchSink:
@@ -149,11 +462,37 @@ class ParquetBatchSink:
     def batch_dir(self, batch_id: int) -> Path:
         return self.directory / f"batch={batch_id}"
 
+    def _bind(self, me: QueryIdentity) -> None:
+        """Claim the directory for ``me``, or fail if another query holds it."""
+        binding = self.directory / _BINDING_FILE
+        owner: QueryIdentity | None = None
+        if binding.exists():
+            data = json.loads(binding.read_text())
+            owner = QueryIdentity(data.get("query_id", "unknown"), data.get("checkpoint", ""))
+        elif any(self.directory.glob("batch=*")):
+            owner = QueryIdentity("unknown", "")  # written before batches were bound
+        if owner is not None:
+            if owner.query_id != me.query_id:
+                raise BindingError(
+                    f"Parquet directory {self.directory}",
+                    owner,
+                    me,
+                    "write to a new directory, or restart from that checkpoint",
+                )
+            return
+        temp = binding.with_name(f"{_BINDING_FILE}.{uuid.uuid4().hex}")
+        temp.write_text(json.dumps({"query_id": me.query_id, "checkpoint": me.checkpoint}))
+        os.rename(temp, binding)
+
     def __call__(self, df: Any, batch_id: int) -> None:
+        me = query_identity(df)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._bind(me)
+        for stale in self.directory.glob("_tmp-batch=*"):  # a killed batch's leftovers
+            shutil.rmtree(stale, ignore_errors=True)
         final = self.batch_dir(batch_id)
         if final.exists():
             return  # stored by an earlier attempt of this batch
-        self.directory.mkdir(parents=True, exist_ok=True)
         temp = self.directory / f"_tmp-batch={batch_id}-{uuid.uuid4().hex}"
         try:
             df.write.parquet(str(temp))
