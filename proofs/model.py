@@ -402,7 +402,7 @@ def initial(logic: Logic, start: Term, held: Term, max_retries: Term) -> Step:
     pre = [
         start >= 0,
         max_retries >= 0,
-        logic.forall("o_held", lambda o: logic.Implies(held[o], o > start)),
+        logic.forall("o_held", lambda o: logic.Implies(held[o], o >= start)),
     ]
     return Step(pre, post)
 
