@@ -204,6 +204,7 @@ def commit_hands_out_next(lines: Trace) -> tuple[Trace, int]:
 
 
 @on_eos
+@on_eos
 def commit_forgets_finished_above(lines: Trace) -> tuple[Trace, int]:
     """A commit request that leaves out an offset finished above the watermark."""
     out = copy.deepcopy(lines)

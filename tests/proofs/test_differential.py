@@ -112,9 +112,9 @@ CORE_MUTANTS: dict[str, Mutant] = {
         "        if tp not in self._epochs:",
     ),
     "failed_retries_past_max_retries": Mutant(
-        "consumer.py",
-        "        if self.retry.should_retry(kind, attempts):",
-        "        if kind is not FailureKind.PERMANENT:",
+        "failures.py",
+        "        spent=attempts > retry.max_retries,",
+        "        spent=False,",
     ),
     "revoked_without_last_commit": Mutant(
         "consumer.py",
@@ -126,15 +126,15 @@ CORE_MUTANTS: dict[str, Mutant] = {
         "finished_above=tracker.finished_above()",
         "finished_above=()",
     ),
-    "should_retry_off_by_one": Mutant(
-        "retry.py",
-        "        return kind is not FailureKind.PERMANENT and attempts <= self.max_retries",
-        "        return kind is not FailureKind.PERMANENT and attempts < self.max_retries",
+    "retry_budget_off_by_one": Mutant(
+        "failures.py",
+        "        spent=attempts > retry.max_retries,",
+        "        spent=attempts >= retry.max_retries,",
     ),
 }
 
 #: Executed again from source, in this order (each imports the ones before it).
-RELOADED = ("contracts", "retry", "partition", "consumer")
+RELOADED = ("contracts", "retry", "decisions", "failures", "partition", "consumer")
 
 
 def mutated_source(mutant: Mutant) -> str:
