@@ -1,6 +1,7 @@
 """Shared pytest fixtures: the bundled broker and fresh topics on it; and the
-Hypothesis profiles, chosen by ``HYPOTHESIS_PROFILE``: ``ci`` (default, bounded)
-and ``thorough`` (``make verify-long``).
+Hypothesis profiles, chosen by ``HYPOTHESIS_PROFILE``: ``ci`` (default, bounded),
+``thorough`` (``make verify-long``) and ``fast`` (a developer's quick run; it
+misses bugs that ``ci`` finds).
 
 Tests that use them carry ``@pytest.mark.broker``. One broker serves the
 whole session (it starts in well under a second and keeps data in memory);
@@ -23,21 +24,26 @@ from htmqc.errors import HtmqcError
 
 TopicFactory = Callable[..., str]
 
-settings.register_profile(
-    "ci",
-    max_examples=300,
-    stateful_step_count=100,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile(
-    "thorough",
-    max_examples=5000,
-    stateful_step_count=200,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+#: profile -> (max_examples, stateful_step_count); the tests set no budgets of their own.
+PROFILES = {"ci": (300, 100), "thorough": (5000, 200), "fast": (40, 50)}
+for _name, (_examples, _steps) in PROFILES.items():
+    settings.register_profile(
+        _name,
+        max_examples=_examples,
+        stateful_step_count=_steps,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Load the profile ``HYPOTHESIS_PROFILE`` names (default ``ci``)."""
+    name = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+    if name not in PROFILES:
+        raise pytest.UsageError(
+            f"HYPOTHESIS_PROFILE={name!r} is not a profile; use one of {', '.join(PROFILES)}"
+        )
+    settings.load_profile(name)
 
 
 @pytest.fixture(scope="session")
