@@ -16,7 +16,7 @@ LINTED := $(wildcard src tests model_checks proofs spec benchmarks examples)
 QUIET_PIP := { grep -v "^WARNING: Location 'file://" || true; }
 CROSSHAIR_TIMEOUT ?= 4
 
-.PHONY: help setup test lint typecheck pytest crosshair proofs tlc graph-replay spec-check conformance conformance-ts formal-tests verify verify-long mutate mutate-catalogue test-kafka profile bench bench-peers chaos-long demo clean
+.PHONY: help setup test lint typecheck pytest crosshair proofs tlc graph-replay spec-check conformance conformance-ts formal-tests verify verify-long mutate mutate-catalogue mutants test-kafka profile bench bench-peers chaos-long demo clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -92,6 +92,10 @@ mutate: setup ## mutants of src/htmqc/core vs the fast checks; fails on an unexp
 
 mutate-catalogue: setup ## named exactly-once bugs, each verification layer run separately
 	$(PY) -m model_checks.mutation catalogue --workers 2
+
+mutants: setup ## how many Hypothesis seeds catch each named core mutant (tests/core/mutants/table.py)
+	$(PY) -m tests.core.mutants.measure
+	$(PY) -m tests.core.mutants.measure --contracts 0
 
 profile: setup ## py-spy profile of the at-least-once engine (no broker): time by part and line
 	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.profile_engine

@@ -443,7 +443,7 @@ def lifecycle(
     """``apply`` (``many=False``, input ``offset``) or ``apply_many`` (input ``batch``)
     for ``event``'s edge of ``edges``: every chosen offset is in the source state (and
     the event does not start work while draining); all move to the target. Finishing
-    clears the failure count, sets ``unsent`` and moves the watermark to the least
+    clears the failure count, sets ``unsent`` (if the batch is not empty) and moves the watermark to the least
     live offset; a failure counts; running marks ``ran``. Answers the target."""
     source, target = edges[event]
 
@@ -472,7 +472,9 @@ def lifecycle(
         if target in FINISHED:
             processed, define = least_live(L, states, t.processed, t.next)
             failures = update(t.failures, lambda o: 0, "o_fail")
-            post = post.but(processed=processed, unsent=True, failures=failures)
+            # An empty batch finishes nothing, so it makes no commit due.
+            some = L.Not(L.forall("o_any", lambda o: L.Not(chosen(o)))) if many else L.true()
+            post = post.but(processed=processed, unsent=L.Or(t.unsent, some), failures=failures)
             return Step(pre, post, L.slot(target.name), [define])
         if event in COUNTS_FAILURE:
             post = post.but(failures=update(t.failures, lambda o: t.failures[o] + 1, "o_fail"))
