@@ -443,8 +443,9 @@ def lifecycle(
     """``apply`` (``many=False``, input ``offset``) or ``apply_many`` (input ``batch``)
     for ``event``'s edge of ``edges``: every chosen offset is in the source state (and
     the event does not start work while draining); all move to the target. Finishing
-    clears the failure count, sets ``unsent`` (if the batch is not empty) and moves the watermark to the least
-    live offset; a failure counts; running marks ``ran``. Answers the target."""
+    clears the failure count, sets ``unsent`` (if the batch is not empty) and moves the
+    watermark to the least live offset; a failure counts; running marks ``ran``. Answers
+    the target."""
     source, target = edges[event]
 
     def run(logic: Logic, t: Tracker, **given: Term) -> Step:
