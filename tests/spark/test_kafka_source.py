@@ -330,10 +330,10 @@ def test_batch_read_by_offsets_and_timestamps_with_headers(
     spark: Any, broker: Any, new_topic: Callable[..., str]
 ) -> None:
     topic = new_topic(partitions=2)
-    produce(broker.bootstrap, topic, 40, keys=4)
+    produce(broker.bootstrap, topic, 40, keys=16)  # 16 keys: both partitions get records
     middle = int(time.time() * 1000) + 1
     time.sleep(0.05)
-    produce(broker.bootstrap, topic, 40, keys=4, start_id=40)
+    produce(broker.bootstrap, topic, 40, keys=16, start_id=40)
 
     def read(**options: str) -> list[Any]:
         frame = (
@@ -350,7 +350,11 @@ def test_batch_read_by_offsets_and_timestamps_with_headers(
     assert sorted(r.id for r in late) == [p.id for p in produced_ids(40, 40)]
     assert {r.timestampType for r in late} == {0}  # CreateTime, as Spark numbers it
     first = read(endingOffsets=f'{{"{topic}": {{"0": 5, "1": 5}}}}')
-    assert len(first) == 10
+    assert sorted((r.partition, r.offset) for r in first) == [
+        (p, o) for p in (0, 1) for o in range(5)
+    ]
+    with pytest.raises(Exception, match=rf"endingOffsets 999 for {topic}/0 is past its end"):
+        read(endingOffsets=f'{{"{topic}": {{"0": 999, "1": -1}}}}')
     headers = (
         spark.read.format("htmqc-kafka")
         .option("kafka.bootstrap.servers", broker.bootstrap)

@@ -431,6 +431,13 @@ class KafkaBatchReader(DataSourceReader):
             stop, _ = planner.positions(self.options.ending, now, ending=True)
         finally:
             planner.close()
+        past = sorted(tp for tp in stop if stop[tp] > now.partitions[tp][1])
+        if past:
+            t, p = past[0]
+            raise RuntimeError(
+                f"{NAME}: endingOffsets {stop[(t, p)]} for {t}/{p} is past its end "
+                f"{now.partitions[(t, p)][1]}; end there or lower (-1 = latest)"
+            )
         late = sorted(tp for tp in stop if stop[tp] < begin.get(tp, 0))
         if late:
             t, p = late[0]

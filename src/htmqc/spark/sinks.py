@@ -271,8 +271,8 @@ class SqlBatchSink:
     def __call__(self, df: Any, batch_id: int) -> None:
         """Store ``df`` as batch ``batch_id`` unless it is already stored."""
         me = query_identity(df)
+        columns = self._columns_sql(df)  # before prepare(): JSON columns keep their type
         df = prepare(df)
-        columns = self._columns_sql(df)
         missing = [k for k in self.keys if k not in {n for n, _, _ in columns}]
         if missing:
             raise UsageError(f"SqlBatchSink: upsert keys {missing} are not columns", "fix keys")
