@@ -14,7 +14,7 @@ from htmqc.spark.audit_job import audit_files, audit_records
 from tests.audit.files import write_scenario
 from tests.audit.scenario import EXPECTED_EXAMPLE, Scenario, clean, combined
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 
 def both(spark: Any, s: Scenario) -> tuple[AuditReport, AuditReport]:

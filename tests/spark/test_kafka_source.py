@@ -365,3 +365,18 @@ def test_batch_read_by_offsets_and_timestamps_with_headers(
         .first()
     )
     assert headers.headers[0].key == "htmqc-id"
+
+
+def test_a_bad_option_fails_load_with_one_line(spark: Any) -> None:
+    """Issue 21: a ValueError, then PySpark's UnboundLocalError, at awaitTermination."""
+    stream = spark.readStream.format("htmqc-kafka").option("subscribe", "t")
+    with pytest.raises(Exception, match=r"needs the option kafka\.bootstrap\.servers") as caught:
+        stream.load()
+    assert "UnboundLocalError" not in str(caught.value)
+    bad = stream.option("kafka.bootstrap.servers", "127.0.0.1:9").option(
+        "maxOffsetsPerTrigger", "0"
+    )
+    with pytest.raises(Exception, match=r"maxOffsetsPerTrigger='0' is below 1; pass an integer"):
+        bad.load()
+    with pytest.raises(Exception, match=r'property: "no\.such\.setting"'):
+        bad.option("maxOffsetsPerTrigger", "5").option("kafka.no.such.setting", "1").load()
