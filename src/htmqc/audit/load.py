@@ -12,7 +12,8 @@ JSON lines (one object per line; blank lines skipped):
   (the partition is the number after the last ``/``);
 * aborted ids: ``{"id": "..."}`` per line, or one bare id per line.
 
-SQLite effects (the demo's ``effects`` table): rows in ``rowid`` order, columns
+SQLite effects (the demo's ``effects`` table): rows in ``rowid`` order (PostgreSQL: in
+``_htmqc_seq`` order, or ``?order=COLUMN``), columns
 ``id``, ``key``, ``partition``, ``offset`` and optionally ``generation``; pass
 ``columns`` to map these names onto other column names, e.g.
 ``{"generation": "fence"}``. Any other column (a timestamp) is ignored.
@@ -76,9 +77,7 @@ def _field(path: str | Path, lineno: int, obj: Any, name: str, kind: type, need:
         return None
     if kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise UsageError(
-                f"{path}:{lineno}: field {name!r} must be an integer", "fix the value"
-            )
+            raise UsageError(f"{path}:{lineno}: field {name!r} must be an integer", "fix the value")
         return value
     return value if isinstance(value, str) else str(value)
 
@@ -159,13 +158,8 @@ def aborted_from_file(path: str | Path) -> Iterator[str]:
             yield text.strip('"')
 
 
-def effects_from_sqlite(
-    path: str | Path, table: str = "effects", columns: Mapping[str, str] | None = None
-) -> Iterator[Effect]:
-    """Effects from a SQLite table in ``rowid`` order (see module docs)."""
-    p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"no SQLite file at {p}", "check the sqlite:/// path")
+def _effect_mapping(columns: Mapping[str, str] | None) -> dict[str, str]:
+    """Effect field -> column name, after the user's mapping (``?id=COLUMN``)."""
     names = {name: name for name in EFFECT_COLUMNS}
     names.update(columns or {})
     unknown = set(names) - set(EFFECT_COLUMNS)
@@ -173,6 +167,60 @@ def effects_from_sqlite(
         raise UsageError(
             f"unknown effect field(s) {sorted(unknown)}", f"map only {list(EFFECT_COLUMNS)}"
         )
+    return names
+
+
+def _effect_select(
+    names: Mapping[str, str], present: set[str], where: str, columns: Mapping[str, str] | None
+) -> str:
+    """The SELECT list of the effect fields (``NULL`` for an absent optional one)."""
+    select = []
+    for name in EFFECT_COLUMNS:
+        col = names[name]
+        if col in present:
+            select.append(f'"{col}"')
+        elif name in _REQUIRED_COLUMNS or name in (columns or {}):
+            raise UsageError(
+                f"{where} has no column {col!r} (has {sorted(present)})",
+                "map the column with ?id=COLUMN",
+            )
+        else:
+            select.append("NULL")
+    return ", ".join(select)
+
+
+def _effects_of_rows(rows: Iterator[tuple[Any, ...]], where: str) -> Iterator[Effect]:
+    for row_number, (ident, key, part, off, gen) in enumerate(rows, 1):
+        try:
+            effect = Effect(
+                str(ident),
+                None if key is None else str(key),
+                _int_cell(part),
+                _int_cell(off),
+                _int_cell(gen),
+            )
+        except ValueError:
+            raise UsageError(
+                f"{where}, row {row_number}: partition, offset and generation must be integers",
+                "check the column mapping",
+            ) from None
+        yield effect
+
+
+def _fetched(cursor: Any) -> Iterator[tuple[Any, ...]]:
+    while rows := cursor.fetchmany(10_000):
+        yield from rows
+
+
+def effects_from_sqlite(
+    path: str | Path, table: str = "effects", columns: Mapping[str, str] | None = None
+) -> Iterator[Effect]:
+    """Effects from a SQLite table in ``rowid`` order (see module docs)."""
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"no SQLite file at {p}", "check the sqlite:/// path")
+    names = _effect_mapping(columns)
+    where = f"table {table!r} in {p}"
     conn = sqlite3.connect(f"file:{p}?mode=ro", uri=True)
     try:
         try:
@@ -182,38 +230,49 @@ def effects_from_sqlite(
         present = {row[1] for row in info}
         if not present:
             raise UsageError(f"{p} has no table {table!r}", "pass ?table=NAME")
-        select = []
-        for name in EFFECT_COLUMNS:
-            col = names[name]
-            if col in present:
-                select.append(f'"{col}"')
-            elif name in _REQUIRED_COLUMNS or name in (columns or {}):
-                raise UsageError(
-                    f"table {table!r} in {p} has no column {col!r} (has {sorted(present)})",
-                    "map the column with ?id=COLUMN",
-                )
-            else:
-                select.append("NULL")
-        cursor = conn.execute(f'SELECT {", ".join(select)} FROM "{table}" ORDER BY rowid')
-        row_number = 0
-        while rows := cursor.fetchmany(10_000):
-            for ident, key, part, off, gen in rows:
-                row_number += 1
-                try:
-                    effect = Effect(
-                        str(ident),
-                        None if key is None else str(key),
-                        _int_cell(part),
-                        _int_cell(off),
-                        _int_cell(gen),
-                    )
-                except ValueError:
-                    raise UsageError(
-                        f"table {table!r} in {p}, row {row_number}: partition, offset and "
-                        "generation must be integers",
-                        "check the column mapping",
-                    ) from None
-                yield effect
+        select = _effect_select(names, present, where, columns)
+        cursor = conn.execute(f'SELECT {select} FROM "{table}" ORDER BY rowid')
+        yield from _effects_of_rows(_fetched(cursor), where)
+    finally:
+        conn.close()
+
+
+def effects_from_postgres(
+    url: str, table: str = "effects", columns: Mapping[str, str] | None = None
+) -> Iterator[Effect]:
+    """Effects from a PostgreSQL table in storage order: its ``_htmqc_seq`` column
+    (which :class:`htmqc.spark.sinks.SqlBatchSink` adds), or the column named by
+    ``order`` in ``columns``."""
+    import psycopg
+
+    mapping = dict(columns or {})
+    order = mapping.pop("order", "_htmqc_seq")
+    names = _effect_mapping(mapping)
+    where = f"PostgreSQL table {table!r}"
+    try:
+        conn = psycopg.connect(url)
+    except psycopg.Error as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(
+            f"cannot connect to PostgreSQL ({first})", "check the postgresql:// URL"
+        ) from None
+    try:
+        cur = conn.cursor()
+        cur.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = %s", (table,)
+        )
+        present = {row[0] for row in cur.fetchall()}
+        if not present:
+            raise UsageError(f"PostgreSQL has no table {table!r}", "pass ?table=NAME")
+        select = _effect_select(names, present, where, mapping)
+        if order not in present:
+            raise UsageError(
+                f"{where} has no column {order!r} to give the storage order",
+                "pass ?order=COLUMN (a column that grows with each insert)",
+            )
+        with conn.cursor(name="htmqc_audit") as rows:  # server side: streamed
+            rows.execute(f'SELECT {select} FROM "{table}" ORDER BY "{order}"')
+            yield from _effects_of_rows(_fetched(rows), where)
     finally:
         conn.close()
 
@@ -233,10 +292,18 @@ def _int_cell(value: Any) -> int | None:
 
 
 def effects_from_source(source: str) -> Iterator[Effect]:
-    """``sqlite:///PATH[?table=T&FIELD=COLUMN...]`` or a JSON-lines file path.
+    """``sqlite:///PATH[?table=T&FIELD=COLUMN...]``,
+    ``postgresql://...[?table=T&FIELD=COLUMN&order=COLUMN...]`` or a JSON-lines file path.
 
     As for sinks: ``sqlite:///relative.db``, ``sqlite:////absolute.db``.
     """
+    if source.startswith(("postgresql://", "postgres://")):
+        url, _, query_text = source.partition("?")
+        query = {k: v[-1] for k, v in parse_qs(query_text).items()}
+        table = query.pop("table", "effects")
+        fields = {k: query.pop(k) for k in [*EFFECT_COLUMNS, "order"] if k in query}
+        rest = "&".join(f"{k}={v}" for k, v in query.items())  # libpq's own (sslmode ...)
+        return effects_from_postgres(f"{url}?{rest}" if rest else url, table, fields)
     if source.startswith("sqlite:"):
         if not source.startswith("sqlite:///") or len(source) == len("sqlite:///"):
             raise UsageError(

@@ -1,7 +1,9 @@
 """``htmqc audit``: check that a run stored every produced message exactly once.
 
-Reads the produced ids, the sink's effects (``sqlite:///PATH`` or a JSON-lines
-file), and optionally the dead-letter entries, the committed-offset history
+Reads the produced ids (a JSON-lines file; with ``--spark`` also the topic
+itself, ``kafka://BOOTSTRAP/TOPIC``), the sink's effects (``sqlite:///PATH``,
+``postgresql://...?table=T``, a JSON-lines file; with ``--spark`` also
+``parquet:DIR``), and optionally the dead-letter entries, the committed-offset history
 (JSON lines or a runtime ``--trace`` file) and the aborted ids; prints a short
 summary and optionally writes the JSON report. File formats and anomaly
 definitions: :mod:`htmqc.audit.load`, :mod:`htmqc.audit.model`.
@@ -28,9 +30,17 @@ def register(subparsers: Any) -> None:
         help="check a run's effects against what was produced (lost, duplicate, ...)",
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
     )
-    parser.add_argument("--produced", required=True, help="JSON lines of produced ids")
     parser.add_argument(
-        "--effects", required=True, help="sqlite:///PATH[?table=T] or a JSON-lines file"
+        "--produced",
+        required=True,
+        help="JSON lines of produced ids, or kafka://BOOTSTRAP/TOPIC (with --spark: the "
+        "topic read_committed; its aborted records count as --aborted)",
+    )
+    parser.add_argument(
+        "--effects",
+        required=True,
+        help="sqlite:///PATH[?table=T], postgresql://...?table=T, a JSON-lines file, or "
+        "parquet:DIR (with --spark)",
     )
     parser.add_argument("--dlq", help="JSON lines of dead-lettered ids")
     parser.add_argument("--committed", help="JSON lines of committed offsets, or a trace file")
@@ -44,11 +54,19 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+_SPARK_ONLY = {"--produced": "kafka://", "--effects": "parquet:"}
+_NOT_FILES = ("kafka://", "parquet:", "sqlite:", "postgresql://", "postgres://")
+
+
 def _check_files(args: argparse.Namespace) -> None:
+    for option, scheme in _SPARK_ONLY.items():
+        value = getattr(args, option[2:])
+        if value.startswith(scheme) and not args.spark:
+            raise UsageError(f"{option} {scheme}... needs --spark", "add --spark")
     named = {"--produced": args.produced, "--dlq": args.dlq, "--committed": args.committed}
     named["--aborted"] = args.aborted
-    if not args.effects.startswith("sqlite:"):
-        named["--effects"] = args.effects
+    named["--effects"] = args.effects
+    named = {k: v for k, v in named.items() if v is None or not v.startswith(_NOT_FILES)}
     for option, value in named.items():
         if value is not None and not Path(value).is_file():
             raise UsageError(f"{option} {value}: no such file", f"check the {option} path")

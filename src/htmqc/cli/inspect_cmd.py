@@ -114,9 +114,7 @@ def _cell(value: Any) -> str:
 
 def render(doc: dict[str, Any]) -> Group:
     """The state document as a rich table and a summary line."""
-    table = Table(
-        title="htmqc partitions", title_justify="left", expand=False, box=box.SIMPLE_HEAD
-    )
+    table = Table(title="htmqc partitions", title_justify="left", expand=False, box=box.SIMPLE_HEAD)
     for name in ("partition", "epoch", "committed", "processed", "next", "high", "lag"):
         table.add_column(name, justify="left" if name == "partition" else "right", no_wrap=True)
     table.add_column("in flight", justify="right", no_wrap=True)

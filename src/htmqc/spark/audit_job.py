@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from htmqc.audit import load
@@ -29,6 +30,7 @@ from htmqc.audit.model import (
     Effect,
     Produced,
 )
+from htmqc.errors import UsageError
 
 PRODUCED_DDL = "id STRING, key STRING, partition INT, offset LONG"
 EFFECTS_JSON_DDL = PRODUCED_DDL + ", generation LONG, fence LONG"
@@ -36,6 +38,8 @@ EFFECTS_DDL = PRODUCED_DDL + ", generation LONG, seq LONG"
 DLQ_DDL = "id STRING, reason STRING, seq LONG"
 COMMITTED_DDL = "partition INT, offset LONG, seq LONG"
 ABORTED_DDL = "id STRING"
+EFFECTS_DDL_NAMES = ("id", "key", "partition", "offset", "generation")
+KAFKA_SCHEME, PARQUET_SCHEME = "kafka://", "parquet:"
 _CHUNK = 100_000
 
 
@@ -226,6 +230,91 @@ def effects_frame_from_jsonl(spark: Any, path: str) -> Any:
     )
 
 
+def effects_frame_from_parquet(spark: Any, directory: str) -> Any:
+    """Effects from a Parquet directory (:class:`htmqc.spark.sinks.ParquetBatchSink`'s
+    ``batch=N`` folders, or any): ``seq`` is batch, then file, then row order."""
+    from pyspark.sql import functions as F
+
+    if not Path(directory).is_dir():
+        raise UsageError(f"no Parquet directory at {directory}", "check the parquet: path")
+    frame = spark.read.parquet(directory)
+    present = set(frame.columns)
+    if "id" not in present:
+        raise UsageError(
+            f"the Parquet files in {directory} have no column 'id' (have {sorted(present)})",
+            "store the message id in a column named id",
+        )
+    types = dict(zip(EFFECTS_DDL_NAMES, ("string", "string", "int", "long", "long"), strict=True))
+    picked = [
+        (F.col(name) if name in present else F.lit(None)).cast(kind).alias(name)
+        for name, kind in types.items()
+    ]
+    generation = "generation" if "generation" in present else "fence"
+    if generation in present:
+        picked[-1] = F.col(generation).cast("long").alias("generation")
+    order = [F.col("batch")] if "batch" in present else []
+    return (
+        frame.select(
+            *picked,
+            *order,
+            F.input_file_name().alias("_file"),
+            F.monotonically_increasing_id().alias("_row"),
+        )
+        .orderBy(*order, "_file", "_row")
+        .select(*types, F.monotonically_increasing_id().alias("seq"))
+    )
+
+
+def topic_frames(spark: Any, url: str) -> tuple[Any, Any]:
+    """Produced ids (read_committed) and aborted ids from the topic itself.
+
+    ``url``: ``kafka://BOOTSTRAP/TOPIC``. A record's id is the first
+    :data:`htmqc.produce.ID_WIDTH` bytes of its value, as ``htmqc produce``
+    writes them; aborted ids are those a ``read_uncommitted`` read sees and a
+    ``read_committed`` one does not (so audit a topic no transaction is writing
+    to any more).
+    """
+    from pyspark.sql import functions as F
+
+    from htmqc.produce import ID_WIDTH
+
+    bootstrap, _, topic = url[len(KAFKA_SCHEME) :].rpartition("/")
+    if not bootstrap or not topic:
+        raise UsageError(f"bad Kafka URL {url!r}", "use kafka://HOST:PORT/TOPIC")
+
+    def read(isolation: str) -> Any:
+        return (
+            spark.read.format("htmqc-kafka")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .option("subscribe", topic)
+            .option("kafka.isolation.level", isolation)
+            .load()
+            .select(
+                F.expr(f"cast(substring(value, 1, {ID_WIDTH}) as string)").alias("id"),
+                F.col("key").cast("string").alias("key"),
+                "partition",
+                "offset",
+            )
+        )
+
+    produced = read("read_committed").cache()
+    aborted = read("read_uncommitted").select("id").subtract(produced.select("id"))
+    return produced, aborted
+
+
+def effects_frame(spark: Any, effects: str, validate: bool = True) -> Any:
+    """Effects from ``parquet:DIR``, a SQL table (:func:`htmqc.audit.load.effects_from_source`)
+    or a JSON-lines file read by Spark."""
+    if effects.startswith(PARQUET_SCHEME):
+        return effects_frame_from_parquet(spark, effects[len(PARQUET_SCHEME) :])
+    if effects.startswith(("sqlite:", "postgresql://", "postgres://")):
+        return _frame(spark, _numbered(load.effects_from_source(effects)), EFFECTS_DDL)
+    if validate:
+        for _ in load.effects_from_jsonl(effects):
+            pass
+    return effects_frame_from_jsonl(spark, effects)
+
+
 def audit_files(
     spark: Any,
     *,
@@ -237,29 +326,33 @@ def audit_files(
     limit: int = DEFAULT_EXAMPLES,
     validate: bool = True,
 ) -> AuditReport:
-    """The Spark audit over the files ``htmqc audit`` takes (see :mod:`htmqc.audit.load`).
+    """The Spark audit over the files ``htmqc audit`` takes (see :mod:`htmqc.audit.load`),
+    and over what a Spark pipeline writes: ``produced`` may be ``kafka://BOOTSTRAP/TOPIC``
+    (:func:`topic_frames`; its aborted ids are added to ``aborted``), ``effects``
+    ``parquet:DIR`` or ``postgresql://...?table=T``.
 
-    JSON-lines produced ids and effects are read by Spark itself; SQLite effects,
-    the DLQ, the commit history and aborted ids go through the Python loaders.
+    JSON-lines produced ids, the topic and Parquet effects are read by Spark itself;
+    SQL effects, the DLQ, the commit history and aborted ids go through the Python
+    loaders.
     ``validate`` first reads the JSON-lines files in Python so that a bad line is a
     :class:`~htmqc.errors.UsageError` (Spark's reader would turn it into nulls).
     """
     from pyspark.sql import functions as F
 
-    if validate:
-        for _ in load.produced_from_jsonl(produced):
-            pass
-    produced_df = spark.read.schema(PRODUCED_DDL).json(produced)
-    if effects.startswith("sqlite:"):
-        effects_df = _frame(spark, _numbered(load.effects_from_source(effects)), EFFECTS_DDL)
+    topic_aborted = None
+    if produced.startswith(KAFKA_SCHEME):
+        produced_df, topic_aborted = topic_frames(spark, produced)
     else:
         if validate:
-            for _ in load.effects_from_jsonl(effects):
+            for _ in load.produced_from_jsonl(produced):
                 pass
-        effects_df = effects_frame_from_jsonl(spark, effects)
+        produced_df = spark.read.schema(PRODUCED_DDL).json(produced)
+    effects_df = effects_frame(spark, effects, validate)
     dlq_df = _frame(spark, _numbered(load.dlq_from_jsonl(dlq) if dlq else ()), DLQ_DDL)
     commits = load.commits_from_jsonl(committed) if committed else ()
     committed_df = _frame(spark, _numbered(commits), COMMITTED_DDL)
     aborted_rows = ((a,) for a in (load.aborted_from_file(aborted) if aborted else ()))
     aborted_df = _frame(spark, aborted_rows, ABORTED_DDL).select(F.col("id"))
+    if topic_aborted is not None:
+        aborted_df = aborted_df.unionAll(topic_aborted)
     return audit_frames(produced_df, effects_df, dlq_df, committed_df, aborted_df, limit)

@@ -1,0 +1,32 @@
+"""Records of aborted transactions that are really in the log.
+
+``htmqc produce --abort-every`` purges an aborted transaction's records before
+they are sent (its producer lingers until the commit), so on Apache Kafka the
+log holds none of them. :func:`write_aborted` flushes them first, then aborts:
+a ``read_uncommitted`` reader sees them, a ``read_committed`` one must not.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from confluent_kafka import Producer
+
+from htmqc.kafka_defaults import producer_config
+from htmqc.produce import ID_HEADER, message_key, message_value
+
+
+def write_aborted(bootstrap: str, topic: str, ids: range, keys: int) -> None:
+    """Write messages ``ids`` (as ``htmqc produce`` would) in a transaction
+    flushed to the log, then abort it."""
+    producer = Producer(
+        producer_config(bootstrap, transactional_id=f"htmqc-aborted-{uuid.uuid4().hex[:8]}")
+    )
+    producer.init_transactions(60)
+    producer.begin_transaction()
+    for i in ids:
+        producer.produce(
+            topic, message_value(i, 100), message_key(i, keys), headers=[(ID_HEADER, str(i))]
+        )
+    assert producer.flush(60) == 0
+    producer.abort_transaction(60)
