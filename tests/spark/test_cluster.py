@@ -1,0 +1,104 @@
+"""The pipeline on a Spark standalone cluster (a master and two workers on
+loopback, executors in processes of their own), not only ``local[2]``:
+``htmqc-kafka`` and Spark's ``kafka`` source into the exactly-once SQL sink,
+with an executor killed (``SIGKILL``) in the middle of the stream."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from htmqc.audit import Produced, audit
+from htmqc.audit.load import effects_from_source
+from htmqc.produce import produce
+from tests.services import postgres_url, require_module
+from tests.spark.topics import write_aborted
+
+pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.spark]
+
+require_module("pyspark")
+from htmqc.spark.cluster import SparkCluster, start_cluster  # noqa: E402
+from htmqc.spark.session import connector_jars, spark_session  # noqa: E402
+from htmqc.spark.sinks import SqlBatchSink  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[SparkCluster]:
+    with start_cluster(workers=2, cores=1, memory="1g") as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def cluster_spark(cluster: SparkCluster) -> Iterator[Any]:
+    with spark_session(
+        cluster.url,
+        app="htmqc-cluster-tests",
+        spark__executor__memory="512m",
+        spark__executor__cores="1",
+        spark__cores__max="2",
+    ) as session:
+        yield session
+
+
+@pytest.mark.brokers("kafka")
+@pytest.mark.parametrize("fmt", ["htmqc-kafka", "kafka"])
+def test_stream_into_the_sql_sink_on_two_workers_with_an_executor_killed(
+    cluster: SparkCluster,
+    cluster_spark: Any,
+    broker: Any,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
+    fmt: str,
+) -> None:
+    if fmt == "kafka" and not connector_jars():
+        pytest.fail("Spark's Kafka connector is not fetched: run `make setup`")
+    topic = new_topic(partitions=4)
+    produce(broker.bootstrap, topic, 2000, keys=8, transactional=True)
+    write_aborted(broker.bootstrap, topic, range(2000, 2200), keys=8)
+    produce(broker.bootstrap, topic, 2000, keys=8, transactional=True, start_id=2200)
+    table = f"cluster_{uuid.uuid4().hex[:8]}"
+    sink = SqlBatchSink(postgres_url(), table, table)
+    seen: dict[str, list[int]] = {"killed": []}
+
+    def store(df: Any, batch_id: int) -> None:
+        if batch_id == 1 and not seen["killed"]:
+            seen["killed"] = cluster.kill_executors(0)  # the master starts a new one
+        sink(df, batch_id)
+
+    rows = (
+        cluster_spark.readStream.format(fmt)
+        .option("kafka.bootstrap.servers", broker.bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("kafka.isolation.level", "read_committed")
+        .option("maxOffsetsPerTrigger", "1000")
+        .load()
+        .selectExpr(
+            "cast(substring(value, 1, 12) as string) AS id",
+            "cast(key AS string) AS key",
+            "partition",
+            "offset",
+        )
+    )
+    query = (
+        rows.writeStream.foreachBatch(store)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        query.awaitTermination(300)
+    finally:
+        query.stop()
+    assert query.exception() is None
+    assert seen["killed"], "worker 0 had no executor to kill"
+    assert all(cluster.executor_pids(i) for i in range(2))  # executors are other processes
+    produced = [Produced(f"{i:012d}") for i in [*range(2000), *range(2200, 4200)]]
+    effects = list(effects_from_source(f"{postgres_url()}?table={table}"))
+    report = audit(produced, effects, aborted=[f"{i:012d}" for i in range(2000, 2200)])
+    assert report.ok, report.summary()
+    assert len(effects) == 4000
