@@ -15,7 +15,7 @@ import pytest
 from htmqc.cli import main
 from htmqc.produce import produce
 from tests.services import postgres_url, require_module
-from tests.spark.topics import write_aborted
+from tests.spark.topics import ID_COLUMNS, reader, write_aborted
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.spark]
 
@@ -38,20 +38,8 @@ def test_audit_reads_the_topic_the_table_and_the_parquet_directory(
         sql(df, batch_id)
         parquet(df, batch_id)
 
-    rows = (
-        spark.readStream.format("htmqc-kafka")
-        .option("kafka.bootstrap.servers", broker.bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", "800")
-        .load()
-        .selectExpr(
-            "cast(substring(value, 1, 12) as string) AS id",
-            "cast(key AS string) AS key",
-            "partition",
-            "offset",
-        )
-    )
+    options = {"maxOffsetsPerTrigger": "800"}
+    rows = reader(spark, broker.bootstrap, topic, "htmqc-kafka", **options).selectExpr(*ID_COLUMNS)
     query = (
         rows.writeStream.foreachBatch(both)
         .option("checkpointLocation", str(tmp_path / "ck"))

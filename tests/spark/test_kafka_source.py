@@ -17,7 +17,7 @@ from htmqc.audit import Effect, Produced, audit
 from htmqc.audit.load import effects_from_source
 from htmqc.produce import produce
 from tests.services import require_module
-from tests.spark.topics import write_aborted
+from tests.spark.topics import ID_COLUMNS, reader, write_aborted
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.spark]
 
@@ -28,25 +28,6 @@ from htmqc.spark.session import connector_jars  # noqa: E402
 from htmqc.spark.sinks import ParquetBatchSink, SqlBatchSink  # noqa: E402
 
 Batch = Callable[[Any, int], None]
-ID_COLUMNS = (
-    "cast(substring(value, 1, 12) as string) AS id",
-    "cast(key AS string) AS key",
-    "partition",
-    "offset",
-)
-
-
-def reader(spark: Any, bootstrap: str, topic: str, fmt: str = "htmqc-kafka", **options: str) -> Any:
-    """``readStream`` of ``topic`` from the earliest offset, with ``options``."""
-    stream = (
-        spark.readStream.format(fmt)
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-    )
-    for name, value in options.items():
-        stream = stream.option(name, value)
-    return stream.load()
 
 
 def run_query(

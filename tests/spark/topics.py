@@ -1,4 +1,5 @@
-"""Records of aborted transactions that are really in the log.
+"""What the Spark tests read: a stream of a topic with the audit's columns, and
+records of aborted transactions that are really in the log.
 
 ``htmqc produce --abort-every`` purges an aborted transaction's records before
 they are sent (its producer lingers until the commit), so on Apache Kafka the
@@ -9,6 +10,7 @@ a ``read_uncommitted`` reader sees them, a ``read_committed`` one must not.
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from confluent_kafka import Producer
 
@@ -30,3 +32,25 @@ def write_aborted(bootstrap: str, topic: str, ids: range, keys: int) -> None:
         )
     assert producer.flush(60) == 0
     producer.abort_transaction(60)
+
+
+ID_COLUMNS = (
+    "cast(substring(value, 1, 12) as string) AS id",
+    "cast(key AS string) AS key",
+    "partition",
+    "offset",
+)
+"""A record's id (``htmqc produce``'s value head), key, partition and offset."""
+
+
+def reader(spark: Any, bootstrap: str, topic: str, fmt: str = "htmqc-kafka", **options: str) -> Any:
+    """``readStream`` of ``topic`` through ``fmt`` from the earliest offset, with ``options``."""
+    stream = (
+        spark.readStream.format(fmt)
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+    )
+    for name, value in options.items():
+        stream = stream.option(name, value)
+    return stream.load()

@@ -145,17 +145,22 @@ def initial_positions(
             start[tp] = low
         elif chosen == LATEST:
             start[tp] = high
-        elif chosen < low:
-            start[tp] = low
-            losses.append(
-                DataLoss(*tp, "deleted", f"starting offset {chosen} < earliest {low}", low - chosen)
-            )
-        elif chosen > high:
-            start[tp] = high
-            losses.append(DataLoss(*tp, "backwards", f"starting offset {chosen} > end {high}"))
         else:
-            start[tp] = chosen
+            start[tp] = _place(tp, chosen, low, high, "starting offset", losses)
     return start, losses
+
+
+def _place(
+    tp: TopicPartition, offset: int, low: int, high: int, what: str, losses: list[DataLoss]
+) -> int:
+    """``offset`` moved into ``[low, high]``; a move is a loss, appended to ``losses``."""
+    if offset < low:
+        losses.append(DataLoss(*tp, "deleted", f"{what} {offset} < earliest {low}", low - offset))
+        return low
+    if offset > high:
+        losses.append(DataLoss(*tp, "backwards", f"{what} {offset} > end {high}"))
+        return high
+    return offset
 
 
 def continue_from(
@@ -184,23 +189,15 @@ def continue_from(
             losses.append(DataLoss(*tp, "gone", f"the partition no longer exists (next {offset})"))
     known_topics = {t for t, _ in previous.next}
     for tp, (low, high) in sorted(now.partitions.items()):
-        offset = previous.next.get(tp)
-        if tp[0] in recreated or offset is None:
+        was = previous.next.get(tp)
+        if tp[0] in recreated or was is None:
             start[tp] = low
-            if offset is None and tp[0] in known_topics and tp[0] not in recreated and low > 0:
+            if was is None and tp[0] in known_topics and tp[0] not in recreated and low > 0:
                 losses.append(
                     DataLoss(*tp, "added-late", f"new partition starts at {low}, not 0", low)
                 )
-        elif offset < low:
-            start[tp] = low
-            losses.append(
-                DataLoss(*tp, "deleted", f"next offset {offset} < earliest {low}", low - offset)
-            )
-        elif offset > high:
-            start[tp] = high
-            losses.append(DataLoss(*tp, "backwards", f"next offset {offset} > end {high}"))
         else:
-            start[tp] = offset
+            start[tp] = _place(tp, was, low, high, "next offset", losses)
     return start, losses
 
 

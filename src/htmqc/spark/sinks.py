@@ -41,6 +41,7 @@ import shutil
 import sqlite3
 import uuid
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -276,20 +277,13 @@ class SqlBatchSink:
         missing = [k for k in self.keys if k not in {n for n, _, _ in columns}]
         if missing:
             raise UsageError(f"SqlBatchSink: upsert keys {missing} are not columns", "fix keys")
-        conn = self._connect()
-        try:
-            cur = conn.cursor()
-            _begin(conn, cur, self.postgres)
+        with _transaction(self.target, self.postgres) as cur:
             self._ensure_batches(cur)
             if self._decide(self._record(cur), me, batch_id) == "skip":
-                conn.commit()
                 return
             stage = self._ensure_tables(cur, columns)
             p = self._p()
             cur.execute(f"DELETE FROM {stage} WHERE {_QUERY} = {p}", (self.query,))  # dead attempts
-            conn.commit()
-        finally:
-            conn.close()
         token = uuid.uuid4().hex
         writer = _StageWriter(self.target, self.postgres, stage, columns, token, self.query)
         try:
@@ -302,11 +296,8 @@ class SqlBatchSink:
         self, batch_id: int, me: QueryIdentity, stage: str, names: list[str], token: str
     ) -> None:
         """The batch's one transaction: record and rows, or neither."""
-        conn = self._connect()
         p = self._p()
-        try:
-            cur = conn.cursor()
-            _begin(conn, cur, self.postgres)
+        with _transaction(self.target, self.postgres) as cur:
             if self.postgres:  # serialize writers of this record on its row
                 cur.execute(
                     f"INSERT INTO {BATCHES_TABLE} (query, batch_id, query_id, checkpoint) "
@@ -315,7 +306,6 @@ class SqlBatchSink:
                 )
             decision = self._decide(self._record(cur, lock=True), me, batch_id)
             if decision == "skip":  # another attempt of this batch got here first
-                conn.rollback()
                 return
             self._move(cur, stage, names, token)
             cur.execute(
@@ -326,12 +316,24 @@ class SqlBatchSink:
                 (self.query, batch_id, me.query_id, me.checkpoint),
             )
             cur.execute(f"DELETE FROM {stage} WHERE {_TOKEN} = {p}", (token,))
-            conn.commit()
-        except BaseException:
-            conn.rollback()
-            raise
-        finally:
-            conn.close()
+
+
+@contextmanager
+def _transaction(target: str, postgres: bool) -> Iterator[Any]:
+    """A cursor in one transaction: committed when the block ends (also by
+    ``return``), rolled back when it raises."""
+    conn = _connect(target, postgres)
+    try:
+        cur = conn.cursor()
+        if not postgres:
+            cur.execute("BEGIN IMMEDIATE")
+        yield cur
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        raise
+    finally:
+        conn.close()
 
 
 def _connect(target: str, postgres: bool) -> Any:
@@ -365,11 +367,6 @@ class _SqliteTx:
     def close(self) -> None:
         self.rollback()
         self.conn.close()
-
-
-def _begin(conn: Any, cur: Any, postgres: bool) -> None:
-    if not postgres:
-        cur.execute("BEGIN IMMEDIATE")
 
 
 def _columns(cur: Any, table: str, postgres: bool) -> set[str]:
@@ -412,10 +409,7 @@ class _StageWriter:
                 plain = (to_sql_value(v, k, self.postgres) for v, k in zip(row, kinds, strict=True))
                 yield (*plain, *tail, index)
 
-        conn = _connect(self.target, self.postgres)
-        try:
-            cur = conn.cursor()
-            _begin(conn, cur, self.postgres)
+        with _transaction(self.target, self.postgres) as cur:
             p = "%s" if self.postgres else "?"
             cur.execute(
                 f"DELETE FROM {self.stage} WHERE {_TOKEN} = {p} AND {_PART} = {p}",
@@ -429,12 +423,6 @@ class _StageWriter:
             else:
                 marks = ", ".join(["?"] * len(names))
                 cur.executemany(f"INSERT INTO {self.stage} ({cols}) VALUES ({marks})", values())
-            conn.commit()
-        except BaseException:
-            conn.rollback()
-            raise
-        finally:
-            conn.close()
 
     def discard(self) -> None:
         """Delete this attempt's staging rows (best effort; the next batch does it too)."""
