@@ -1,10 +1,16 @@
 """The pipeline on a Spark standalone cluster (a master and two workers on
 loopback, executors in processes of their own), not only ``local[2]``:
 ``htmqc-kafka`` and Spark's ``kafka`` source into the exactly-once SQL sink,
-with an executor killed (``SIGKILL``) in the middle of the stream."""
+with an executor killed (``SIGKILL``) in the middle of the stream, and with
+the driver's whole process group killed mid-stream and restarted."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,7 +22,7 @@ from htmqc.audit import Produced, audit
 from htmqc.audit.load import effects_from_source
 from htmqc.produce import produce
 from tests.services import postgres_url, require_module
-from tests.spark.topics import write_aborted
+from tests.spark.topics import ID_COLUMNS, reader, write_aborted
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.spark]
 
@@ -28,8 +34,39 @@ from htmqc.spark.sinks import SqlBatchSink  # noqa: E402
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[SparkCluster]:
-    with start_cluster(workers=2, cores=1, memory="1g") as running:
+    with start_cluster(workers=2, cores=2, memory="1g") as running:
         yield running
+
+
+@pytest.mark.brokers("kafka")
+def test_driver_killed_mid_stream_then_restarted_stores_every_id_once(
+    cluster: SparkCluster, broker: Any, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Runs before ``cluster_spark`` exists: this driver is the cluster's only app."""
+    topic = new_topic(partitions=4)
+    produce(broker.bootstrap, topic, 4000, keys=8, transactional=True)
+    table = f"driver_{uuid.uuid4().hex[:8]}"
+    sink = SqlBatchSink(postgres_url(), table, table)
+    assert sink.last_batch() is None  # creates the batch table now, not racing the driver
+    args = [cluster.url, broker.bootstrap, topic, postgres_url(), table, str(tmp_path / "ck")]
+    command = [sys.executable, "-m", "tests.spark.driver_main", *args]
+    with (tmp_path / "driver.log").open("wb") as log:
+        driver = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)  # fmt: skip
+        deadline = time.monotonic() + 180
+        while (sink.last_batch() or -1) < 1 and driver.poll() is None:
+            assert time.monotonic() < deadline, "the driver stored no second batch in 180 s"
+            time.sleep(0.1)
+        os.killpg(driver.pid, signal.SIGKILL)  # Python and its JVM, mid-stream
+        driver.wait()
+    killed_at = sink.last_batch()
+    assert killed_at is not None and killed_at < 7  # 8 batches of 500: it was cut short
+    restarted = subprocess.run(command, capture_output=True, timeout=300)
+    assert restarted.returncode == 0, restarted.stderr.decode()[-2000:]
+    effects = list(effects_from_source(f"{postgres_url()}?table={table}"))
+    report = audit([Produced(f"{i:012d}") for i in range(4000)], effects)
+    assert report.ok, report.summary()
+    assert len(effects) == 4000
 
 
 @pytest.fixture(scope="module")
@@ -69,21 +106,8 @@ def test_stream_into_the_sql_sink_on_two_workers_with_an_executor_killed(
             seen["killed"] = cluster.kill_executors(0)  # the master starts a new one
         sink(df, batch_id)
 
-    rows = (
-        cluster_spark.readStream.format(fmt)
-        .option("kafka.bootstrap.servers", broker.bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .option("kafka.isolation.level", "read_committed")
-        .option("maxOffsetsPerTrigger", "1000")
-        .load()
-        .selectExpr(
-            "cast(substring(value, 1, 12) as string) AS id",
-            "cast(key AS string) AS key",
-            "partition",
-            "offset",
-        )
-    )
+    options = {"kafka.isolation.level": "read_committed", "maxOffsetsPerTrigger": "1000"}
+    rows = reader(cluster_spark, broker.bootstrap, topic, fmt, **options).selectExpr(*ID_COLUMNS)
     query = (
         rows.writeStream.foreachBatch(store)
         .option("checkpointLocation", str(tmp_path / "ck"))
