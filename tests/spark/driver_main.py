@@ -1,11 +1,18 @@
 """A streaming driver in a process of its own, for the driver-kill test:
-``python -m tests.spark.driver_main MASTER BOOTSTRAP TOPIC TARGET TABLE CHECKPOINT``
+``python -m tests.spark.driver_main MASTER BOOTSTRAP TOPIC TARGET TABLE CHECKPOINT [MARK]``
 reads TOPIC through ``htmqc-kafka`` (500 offsets per batch, ``availableNow``)
-into ``SqlBatchSink(TARGET, TABLE, query=TABLE)`` and exits when it is read."""
+into ``SqlBatchSink(TARGET, TABLE, query=TABLE)`` and exits when it is read.
+
+With ``MARK`` (a file path) it creates ``MARK`` once batch 1 is stored and then
+waits, so a kill lands after the sink's commit and before Spark's: the
+restart replays batch 1, which the sink must recognise."""
 
 from __future__ import annotations
 
 import sys
+import time
+from pathlib import Path
+from typing import Any
 
 from htmqc.spark.session import spark_session
 from htmqc.spark.sinks import SqlBatchSink
@@ -13,13 +20,21 @@ from tests.spark.topics import ID_COLUMNS, reader
 
 
 def main(argv: list[str]) -> int:
-    master, bootstrap, topic, target, table, checkpoint = argv
+    master, bootstrap, topic, target, table, checkpoint, *mark = argv
+    sink = SqlBatchSink(target, table, table)
+
+    def store(df: Any, batch_id: int) -> None:
+        sink(df, batch_id)
+        if mark and batch_id == 1:
+            Path(mark[0]).touch()
+            time.sleep(600)  # killed here
+
     with spark_session(
         master, app="htmqc-driver", spark__cores__max="2", spark__executor__memory="512m"
     ) as spark:
         rows = reader(spark, bootstrap, topic, maxOffsetsPerTrigger="500").selectExpr(*ID_COLUMNS)
         query = (
-            rows.writeStream.foreachBatch(SqlBatchSink(target, table, table))
+            rows.writeStream.foreachBatch(store)
             .option("checkpointLocation", checkpoint)
             .trigger(availableNow=True)
             .start()
