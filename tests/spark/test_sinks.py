@@ -26,15 +26,17 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def no_driver_rows(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Fail if a sink pulls a batch's rows to the driver."""
-    from pyspark.sql import DataFrame
+def no_driver_rows(spark: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Fail if a sink pulls a batch's rows to the driver (on PySpark's DataFrame
+    classes: the classic one overrides the public one's methods)."""
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("a sink pulled rows through the driver")
 
-    for name in ("collect", "toLocalIterator", "toPandas", "take", "toArrow"):
-        monkeypatch.setattr(DataFrame, name, refuse)
+    for cls in type(spark.range(1)).__mro__:
+        for name in ("collect", "toLocalIterator", "toPandas", "take", "toArrow"):
+            if name in vars(cls):
+                monkeypatch.setattr(cls, name, refuse)
     yield
 
 
