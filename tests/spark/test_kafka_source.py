@@ -363,3 +363,30 @@ def test_a_bad_option_fails_load_with_one_line(spark: Any) -> None:
         bad.load()
     with pytest.raises(Exception, match=r'property: "no\.such\.setting"'):
         bad.option("maxOffsetsPerTrigger", "5").option("kafka.no.such.setting", "1").load()
+
+
+@pytest.mark.brokers("kafka")
+def test_a_wrong_address_or_partition_is_named(
+    spark: Any, broker: Any, new_topic: Callable[..., str]
+) -> None:
+    """Issue 21: an unknown partition in the offsets JSON was ignored; a wrong
+    bootstrap gave _TRANSPORT without naming the address."""
+    from htmqc.broker import free_port
+
+    topic = new_topic(partitions=2)
+    produce(broker.bootstrap, topic, 10, keys=2)
+
+    def read(bootstrap: str, **options: str) -> Any:
+        frame = spark.read.format("htmqc-kafka").option("kafka.bootstrap.servers", bootstrap)
+        for name, value in {"subscribe": topic, **options}.items():
+            frame = frame.option(name, value)
+        return frame.load().collect()
+
+    nine = f'{{"{topic}": {{"0": 0, "1": 0, "9": 0}}}}'
+    with pytest.raises(Exception, match=rf"offsets given for {topic}/9, which do not exist"):
+        read(broker.bootstrap, startingOffsets=nine)
+    with pytest.raises(Exception, match=rf"no offset given for {topic}/1"):
+        read(broker.bootstrap, startingOffsets=f'{{"{topic}": {{"0": 0}}}}')
+    nowhere = f"127.0.0.1:{free_port()}"
+    with pytest.raises(Exception, match=rf"cannot list topics at {nowhere} .*kafka\.bootstrap"):
+        read(nowhere)
