@@ -130,8 +130,9 @@ bench-peers: $(PEERS_VENV)/.stamp ## htmqc against raw confluent-kafka, aiokafka
 # SIGKILL duplicates); PEERS_ARGS=--quick for a smoke run.
 PEERS_ARGS ?=
 
-demo: setup ## the main job: 1M messages exactly-once into SQLite, two SIGKILLs, an audit
-	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.demo
+BROKER ?= bundled
+demo: setup ## the main job: 1M messages exactly-once into SQLite, two SIGKILLs, an audit (BROKER=kafka: on Apache Kafka)
+	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.demo --broker $(BROKER)
 
 clean: ## remove build output (not the venv)
 	rm -rf build .pytest_cache .mypy_cache .ruff_cache .hypothesis .venv-peers
