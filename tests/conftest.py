@@ -1,6 +1,7 @@
 """Shared pytest fixtures: the brokers and fresh topics on them; and the
-Hypothesis profiles, chosen by ``HYPOTHESIS_PROFILE``: ``ci`` (default, bounded)
-and ``thorough`` (``make verify-long``).
+Hypothesis profiles, chosen by ``HYPOTHESIS_PROFILE``: ``ci`` (default, bounded),
+``thorough`` (``make verify-long``) and ``fast`` (a developer's quick run; it
+misses bugs that ``ci`` finds).
 
 Broker tests carry ``@pytest.mark.broker`` and take the ``broker`` fixture (or
 ``new_topic``); each test gets its own uniquely named topics, so tests do not see
@@ -46,21 +47,26 @@ from tests.services import missing
 
 TopicFactory = Callable[..., str]
 
-settings.register_profile(
-    "ci",
-    max_examples=300,
-    stateful_step_count=100,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.register_profile(
-    "thorough",
-    max_examples=5000,
-    stateful_step_count=200,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+#: profile -> (max_examples, stateful_step_count); the tests set no budgets of their own.
+PROFILES = {"ci": (300, 100), "thorough": (5000, 200), "fast": (40, 50)}
+for _name, (_examples, _steps) in PROFILES.items():
+    settings.register_profile(
+        _name,
+        max_examples=_examples,
+        stateful_step_count=_steps,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+
+
+def _load_hypothesis_profile() -> None:
+    """Load the profile ``HYPOTHESIS_PROFILE`` names (default ``ci``)."""
+    name = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+    if name not in PROFILES:
+        raise pytest.UsageError(
+            f"HYPOTHESIS_PROFILE={name!r} is not a profile; use one of {', '.join(PROFILES)}"
+        )
+    settings.load_profile(name)
 
 
 BROKER_KINDS = ("tansu", "kafka", "kafka3")
@@ -84,6 +90,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    _load_hypothesis_profile()
     for line in MARKERS:
         config.addinivalue_line("markers", line)
 
