@@ -12,7 +12,10 @@ from htmqc.cli import main
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--sink", "sqlite", "--kinds", "zombie", "--faults", "1"], "zombie fault needs PostgreSQL"),
+        (
+            ["--sink", "sqlite", "--kinds", "zombie", "--faults", "1"],
+            "zombie fault needs PostgreSQL",
+        ),
         (["--sink", "postgresql,oracle"], "bad --sink"),
         (["--sink", "kafka"], "cannot be judged on the bundled broker"),
         (["--kinds", "broker-pause", "--faults", "1"], "need the three-node cluster"),

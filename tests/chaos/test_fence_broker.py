@@ -62,7 +62,17 @@ def test_sqlite_run_with_kills_and_network_faults_via_the_cli(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], broker_kind: str
 ) -> None:
     report = tmp_path / "report.json"
-    argv = ["chaos", "--broker", broker_kind, "--sink", "sqlite", "--seed", "5", "--partitions", "3"]
+    argv = [
+        "chaos",
+        "--broker",
+        broker_kind,
+        "--sink",
+        "sqlite",
+        "--seed",
+        "5",
+        "--partitions",
+        "3",
+    ]
     argv += ["--messages", "20000"]
     argv += ["--faults", "4", "--kinds", "kill,net-reset,net-drop,poison,sink-error"]
     argv += ["--produce-seconds", "10", "--timeout", "150", "--work-dir", str(tmp_path / "w")]
