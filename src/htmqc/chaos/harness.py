@@ -515,10 +515,14 @@ def _run(
             pipelines.append(Pipeline(sink, group, store, config.partitions))
 
         def coordinator_of(member: int) -> tuple[str, str]:
-            pipeline = pipelines[member // config.consumers]
-            if pipeline.sink == "kafka":  # KafkaSink.transactional_id of --member-id m<k>
-                return "transaction", f"htmqc-{pipeline.group}-m{member}"
-            return "group", pipeline.group
+            """A Kafka pipeline's transaction coordinator when the run has one (its
+            member ``member mod consumers``), else the group coordinator of the
+            member's pipeline."""
+            for k, pipeline in enumerate(pipelines):
+                if pipeline.sink == "kafka":  # KafkaSink.transactional_id of --member-id m<k>
+                    index = k * config.consumers + member % config.consumers
+                    return "transaction", f"htmqc-{pipeline.group}-m{index}"
+            return "group", pipelines[member // config.consumers].group
 
         broker_fault: Callable[[Fault], BrokerFault] | None = None
         if isinstance(broker, ProxiedKafka) and isinstance(proxy, ClusterFront):

@@ -100,6 +100,12 @@ class TxnLog:
         if self._file is not None:
             self._file.write(f"{txn}\n")
 
+    def close(self) -> None:
+        """Close the log (idempotent); the handler's lives until its process ends."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
 
 def read_txn_logs(directory: Path) -> dict[str, set[int]]:
     """``token -> transaction numbers that asked to commit``, from every ``*.txns``."""

@@ -46,10 +46,12 @@ only once every replica is back in sync:
                             restart it ``seconds`` later
 ``broker-kill-controller``  SIGKILL the active controller (the KRaft quorum
                             leader); restart it ``seconds`` later
-``broker-kill-coordinator`` SIGKILL the coordinator consumer ``consumer``'s
-                            commits go through: the transaction coordinator of
-                            its transactional id (Kafka sink), else its group's
-                            coordinator; restart it ``seconds`` later
+``broker-kill-coordinator`` SIGKILL a coordinator: with a Kafka sink in the
+                            run, the transaction coordinator of the
+                            transactional id of that pipeline's consumer
+                            ``consumer`` mod its size; else the coordinator of
+                            consumer ``consumer``'s group; restart it
+                            ``seconds`` later
 ``broker-pause``            SIGSTOP broker ``node`` for ``seconds`` (past the
                             broker session timeout), then SIGCONT
 ``broker-isolate``          cut broker ``node`` off from clients *and* the other
