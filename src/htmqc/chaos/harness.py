@@ -344,8 +344,9 @@ def _start_proxied_kafka(work: Path, nodes: int) -> tuple[ProxiedKafka, ClusterF
 def _paced_producer(
     bootstrap: str, topic: str, messages: int, seconds: float, errors: list[str]
 ) -> threading.Thread:
-    """A thread producing ``messages`` in about 20 chunks spread over ``seconds``."""
-    chunks = max(1, min(20, messages // 1000 or 1))
+    """A thread producing ``messages`` in about 20 chunks (of 200 or more) spread
+    over ``seconds``."""
+    chunks = max(1, min(20, messages // 200))
     step = -(-messages // chunks)
 
     def run() -> None:
