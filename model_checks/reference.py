@@ -147,8 +147,8 @@ class ReferenceConsumer:
             raise RefError("draining")
         if any(part.states.get(o) != source for o in offsets):
             raise RefError(f"{name} needs {source}")
-        if target in DONE:
-            part.unsent = True  # even for an empty batch, as the core does (spec §5)
+        if target in DONE and offsets:
+            part.unsent = True  # an empty batch finishes nothing (spec §5)
         for o in offsets:
             part.states[o] = target
             if name == "failed":

@@ -34,6 +34,9 @@ Two checks:
      the fence token that assignment's claim got);
    * no commit beyond the watermark (``commit_acked``/``commit_failed`` offset
      ``<= processed``; an acked commit moves ``committed`` forward);
+   * every offset list a line carries (a fetched batch, ``above``,
+     ``finished_above``) names each offset once, in increasing order, as the
+     runtime writes them;
    * no event for a partition this member does not hold (an effect after its
      epoch ended: revoked, crashed, or before its assignment);
    * epochs: every assignment gets a fresh, larger epoch (the model's number:
@@ -364,6 +367,13 @@ def batches(lines: Sequence[Line]) -> list[list[Line]]:
     return out
 
 
+def fetched_offsets(offsets: list[int], end: int) -> list[int]:
+    """The offsets a fetched batch of lines with these ``off`` values and state
+    ``next == end`` lists: none for a gap report (``fetched([], end)`` is written
+    as one line whose offset is ``end``), else all of them, as written."""
+    return [] if offsets == [end] else offsets
+
+
 def _tp(name: str) -> tuple[str, int]:
     topic, _, part = name.rpartition("/")
     return (topic, int(part)) if part.isdigit() else (name, -1)
@@ -450,6 +460,8 @@ class _Replay:
                 )
             self.fences[line.p] = line.fence
         self.fence[line.p] = line.fence
+        if list(line.above) != sorted(set(line.above)):
+            raise _Reject(line, f"assign carries above {list(line.above)}, not in increasing order")
         self.ref.assign(tp, committed, line.above)
         self.last.pop(line.p, None)
         self.assignments += 1
@@ -461,10 +473,8 @@ class _Replay:
         if first.state is None:
             raise _Reject(first, "fetched without a state")
         end = first.state[0]
-        offsets = [_need_off(x) for x in batch]
-        if len(offsets) == 1 and offsets[0] == end:
-            offsets = []  # a gap report: fetched([], end)
-        elif any(o >= end for o in offsets):
+        offsets = fetched_offsets([_need_off(x) for x in batch], end)
+        if any(o >= end for o in offsets):
             raise _Reject(first, f"fetched offsets {offsets} reach past next={end}")
         if end <= part.next:
             raise _Reject(first, f"fetched does not move next ({part.next} -> {end})")
@@ -597,6 +607,12 @@ def _tla_set(values: Any) -> str:
     return "{" + ", ".join(str(v) for v in sorted(values)) + "}"
 
 
+def _tla_seq(values: Sequence[int]) -> str:
+    """A line's offset list as written (order and repeats kept: the spec checks
+    them, see ``Lists`` in TraceConsumer.tla)."""
+    return "<<" + ", ".join(str(v) for v in values) + ">>"
+
+
 def _tla_fun(mapping: dict[str, str]) -> str:
     return " @@ ".join(f"({json.dumps(k)} :> {v})" for k, v in sorted(mapping.items()))
 
@@ -606,6 +622,9 @@ def tla_module(lines: Sequence[Line], mode: str, name: str = "TraceRun") -> tupl
 
     Every trace line becomes one record of ``Trace``, except a fetched batch,
     which is one record (the spec's ``Fetched`` covers a range in one step).
+    A record's offset lists (``offs``, ``fa``, ``above``) are TLA+ sequences
+    holding exactly what the lines wrote, so that a repeated or misordered
+    offset reaches the spec instead of vanishing into a set.
     """
     if mode not in _MODES:
         raise UsageError(f"unknown mode {mode!r}", f"use one of {', '.join(_MODES)}")
@@ -640,8 +659,8 @@ def tla_module(lines: Sequence[Line], mode: str, name: str = "TraceRun") -> tupl
                 fails[key] = fails.get(key, 0) + 1
         if first.ev == "fetched":
             nxt = first.state[0] if first.state else 0
-            offs = [x.off for x in batch if x.off is not None and x.off < nxt]
-            log[p].update(offs)
+            offs = fetched_offsets([-1 if x.off is None else x.off for x in batch], nxt)
+            log[p].update(o for o in offs if 0 <= o < nxt)
             records.append(_record(batch[-1], offs, check=True))
         else:
             for k, x in enumerate(batch):
@@ -711,14 +730,14 @@ def _record(line: Line, offs: list[int], *, check: bool) -> str:
     epoch = line.commit_epoch if line.ev == "commit_requested" else line.epoch
     return (
         f'[ev |-> "{line.ev}", p |-> {json.dumps(line.p)}, '
-        f"off |-> {-1 if line.off is None else line.off}, offs |-> {_tla_set(offs)}, "
+        f"off |-> {-1 if line.off is None else line.off}, offs |-> {_tla_seq(offs)}, "
         f"check |-> {'TRUE' if check else 'FALSE'}, "
         f"held |-> {'TRUE' if line.state is not None else 'FALSE'}, "
         f"next |-> {nxt}, processed |-> {processed}, committed |-> {committed}, "
         f"requested |-> {line.requested or 0}, "
         f"unsent |-> {'TRUE' if line.unsent else 'FALSE'}, "
-        f"fa |-> {_tla_set(line.finished)}, epoch |-> {epoch or 0}, "
-        f"above |-> {_tla_set(line.above)}, "
+        f"fa |-> {_tla_seq(line.finished)}, epoch |-> {epoch or 0}, "
+        f"above |-> {_tla_seq(line.above)}, "
         f"fence |-> {-1 if line.fence is None else line.fence}]"
     )
 

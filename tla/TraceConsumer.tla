@@ -29,7 +29,10 @@
 (*    next, processed, committed, requested, unsent, fa (finished above),  *)
 (*    epoch (the core's), above (assign: held by the sink; commit_requested*)
 (*    : the commit's finished_above), fence (-1 for none)]                 *)
-(* and the model's constants (Log, End, ...) derived from it.              *)
+(* and the model's constants (Log, End, ...) derived from it. offs, fa and *)
+(* above are sequences holding the line's list as written: the spec        *)
+(* compares them with its sets through Lists (each offset once, in         *)
+(* increasing order), so a repeated offset cannot hide in a set.           *)
 (*                                                                         *)
 (* Epochs. The core numbers assignments per process, the spec per         *)
 (* partition; cepoch[p] is the core epoch of M's current assignment of p   *)
@@ -89,6 +92,11 @@ TraceInit ==
 (***************************************************************************)
 V(p) == view[M][p]
 
+\* The line's offset list s lists the spec's set S: every offset of S once,
+\* in increasing order (as the runtime writes every offset list).
+Lists(s, S) == /\ {s[k] : k \in DOMAIN s} = S
+               /\ \A k \in 1..(Len(s) - 1) : s[k] < s[k + 1]
+
 \* The recorded state after the line (only at the end of a batch).
 StateMatches(l) ==
     l.check =>
@@ -100,7 +108,7 @@ StateMatches(l) ==
              /\ v.committed = l.committed
              /\ v.requested = l.requested
              /\ v.unsent = l.unsent
-             /\ FinishedAbove(v) = l.fa
+             /\ Lists(l.fa, FinishedAbove(v))
              /\ cepoch'[l.p] = l.epoch
         ELSE ~view'[M][l.p].held
 
@@ -119,23 +127,29 @@ Epochs(l) ==
 \* The token of M's claim of p is the fence the line recorded (exactly-once).
 FenceMatches(l) == l.fence < 0 \/ view'[M][l.p].token = l.fence
 
+\* The line is one of the assign lines that follow the last crash (after the
+\* first, whose Restored step claimed every partition M owns) and the first
+\* to name l.p since that crash.
+RestoredNotAnnounced(l) ==
+    \E c \in 1..i :
+       /\ Trace[c].ev = "crashed"
+       /\ \A k \in (c + 1)..i : Trace[k].ev = "assign" /\ Trace[k].p # l.p
+
+\* Every claim starts from the durable position: the line's offset and the
+\* offsets stored as finished above it.
 AssignStep(l) ==
-    /\ \/ /\ M \notin down
-          /\ durable[l.p] = l.off /\ durableAbove[l.p] = l.above
-          /\ Assign(M, l.p)
-       \/ /\ M \in down
-          /\ owner[l.p] = M /\ durable[l.p] = l.off /\ durableAbove[l.p] = l.above
-          /\ Restored(M)
+    /\ durable[l.p] = l.off /\ Lists(l.above, durableAbove[l.p])
+    /\ \/ M \notin down /\ Assign(M, l.p)
+       \/ M \in down /\ owner[l.p] = M /\ Restored(M)
        \* the other partitions of one Restored step (already fresh in the view)
-       \/ /\ M \notin down /\ crashes > 0
-          /\ i > 0 /\ Trace[i].ev = "assign"
+       \/ /\ M \notin down /\ RestoredNotAnnounced(l)
           /\ V(l.p).held /\ V(l.p).next = l.off /\ V(l.p).committed = l.off
           /\ \A o \in Offsets : V(l.p).st[o] = "None"
           /\ Stutter
     /\ FenceMatches(l)
 
 FetchedStep(l) ==
-    /\ l.offs = {o \in V(l.p).next..(l.next - 1) : o \in Log[l.p]}
+    /\ Lists(l.offs, {o \in V(l.p).next..(l.next - 1) : o \in Log[l.p]})
     /\ Fetched(M, l.p)
     /\ view'[M][l.p].next = l.next
 
@@ -153,7 +167,7 @@ FailedStep(l) ==
 
 CommitRequestedStep(l) ==
     /\ CommitOffset(V(l.p)) = l.off
-    /\ FinishedAbove(V(l.p)) = l.above
+    /\ Lists(l.above, FinishedAbove(V(l.p)))
     /\ cepoch[l.p] = l.epoch
     /\ l.fence < 0 \/ V(l.p).token = l.fence
     /\ CommitRequested(M, l.p)

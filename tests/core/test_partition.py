@@ -236,19 +236,35 @@ def test_restore_after_crash_skips_offsets_the_sink_already_holds(core: Consumer
 
 
 def test_finished_above_must_not_lie_below_the_start() -> None:
-    with pytest.raises(OffsetOrderError):
+    with pytest.raises(OffsetOrderError, match="below start 5"):
         PartitionTracker(5, finished_above=[4, 6])
 
 
-def test_a_commit_whose_held_offset_equals_its_offset_can_be_restored() -> None:
-    """The crash loop the TLC graph replay found: a batch ending at held offset 2, all
-    finished, commits (2, [2]); that commit must be assignable again, and 2 never runs."""
-    first = PartitionTracker(0, finished_above=[2])
-    first.apply_many(Event.START, first.fetched([0, 1], end=2))
-    first.apply_many(Event.SUCCEED, [1, 0])
-    assert first.commit_requested() == 2 and first.finished_above() == (2,)
-    again = PartitionTracker(2, finished_above=first.finished_above())
-    assert list(again.fetched([2, 3])) == [3]
+def test_a_commit_whose_watermark_the_sink_holds_can_be_restored(core: ConsumerCore) -> None:
+    # Found by the stateful test: restored with 1 held, the fetch ends right
+    # below it and 0 finishes, so the commit is (1, (1,)). Restoring from it was
+    # refused ("finished_above offsets must be above start"): a crash loop.
+    e = core.assign(TP, 0, finished_above=[1])
+    running(core, e, [0])
+    core.succeeded(TP, e, 0)
+    commit = core.commit_requested(TP)
+    assert commit == Commit(tp=TP, epoch=e, offset=1, finished_above=(1,))
+    core.crashed()
+    e2 = core.restored(TP, commit.offset, commit.finished_above)
+    assert list(core.fetched(TP, e2, [1, 2])) == [2]  # 1 does not run again
+    assert core.tracker(TP).processed == 2
+
+
+def test_an_empty_finishing_batch_makes_no_commit_due(core: ConsumerCore) -> None:
+    # Found by the stateful test: an empty succeeded_many made the core hand out
+    # a commit of the same watermark; nothing had finished.
+    e = core.assign(TP, 0)
+    running(core, e, [0, 1])
+    core.succeeded(TP, e, 0)
+    assert core.commit_requested(TP) is not None
+    core.succeeded_many(TP, e, [])
+    core.dead_lettered_many(TP, e, [])
+    assert core.commit_requested(TP) is None
 
 
 # -- failures and retries --------------------------------------------------------------------

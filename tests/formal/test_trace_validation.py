@@ -205,10 +205,15 @@ def commit_hands_out_next(lines: Trace) -> tuple[Trace, int]:
 
 @on_eos
 def commit_forgets_finished_above(lines: Trace) -> tuple[Trace, int]:
-    """A commit request that leaves out an offset finished above the watermark."""
+    """A commit request whose finished_above claims an offset that has not
+    finished: the highest fetched one from the watermark up that it does not
+    list (the watermark's own offset is one; which depends on how the engine's
+    run was timed)."""
     out = copy.deepcopy(lines)
     k = _first_commit(out)
-    out[k]["above"] = [*out[k]["above"], out[k]["state"]["next"] - 1]
+    commit = out[k]
+    unfinished = set(range(commit["off"], commit["state"]["next"])) - set(commit["above"])
+    commit["above"] = sorted([*commit["above"], max(unfinished)])
     return out, k + 1
 
 
@@ -399,6 +404,100 @@ def test_lines_in_memory_from_a_mutated_core_are_rejected(
     assert "recorded unsent False" in report.violations[0].problem
 
 
+def driven() -> Trace:
+    """The lines :func:`drive` makes a :class:`TracingCore` write."""
+    out = io.StringIO()
+    drive(TracingCore(out))
+    return [json.loads(x) for x in out.getvalue().splitlines()]
+
+
+def crash_and_restore() -> Trace:
+    """One process whose core crashes and restores both partitions; t/0 comes
+    back with offset 1 stored as finished above 0 (lines 11 and 12)."""
+    out = io.StringIO()
+    core = TracingCore(out)
+    t0, t1 = ("t", 0), ("t", 1)
+    epoch = core.assign(t0, 0, [])
+    core.assign(t1, 0, [])
+    core.fetched(t0, epoch, [0, 1], 2)
+    core.started_many(t0, epoch, [0, 1])
+    core.succeeded(t0, epoch, 1)
+    commit = core.commit_requested(t0)
+    assert commit is not None and commit.finished_above == (1,)
+    core.crashed()
+    core.restored(t0, 0, commit.finished_above)
+    core.restored(t1, 0, [])
+    return [json.loads(x) for x in out.getvalue().splitlines()]
+
+
+def twice(lines: Trace, k: int, where: str) -> tuple[Trace, int]:
+    """Line ``k`` (0-based) lists its first offset of ``where`` (``above``, or
+    ``finished_above`` of the state) twice."""
+    out = copy.deepcopy(lines)
+    holder = out[k] if where == "above" else out[k]["state"]
+    assert holder[where], f"line {k + 1} has no {where} to repeat"
+    holder[where] = [holder[where][0], *holder[where]]
+    return out, k + 1
+
+
+def commit_lists_an_offset_twice() -> tuple[Trace, int]:
+    """The commit of driven()'s line 7 carries finished_above [1, 1]."""
+    return twice(driven(), 6, "above")
+
+
+def state_lists_an_offset_twice() -> tuple[Trace, int]:
+    """driven()'s line 6 records finished_above [1, 1]."""
+    return twice(driven(), 5, "finished_above")
+
+
+def assign_lists_an_offset_twice() -> tuple[Trace, int]:
+    """The sink's held offsets [3] come as [3, 3]."""
+    return twice(restart_with_finished_above(True), 0, "above")
+
+
+def restored_with_a_wrong_above() -> tuple[Trace, int]:
+    """The second partition of one restore claims offset 1 held above it (t/0's)."""
+    out = crash_and_restore()
+    out[-1]["above"] = [1]
+    return out, len(out)
+
+
+def restored_announced_twice() -> tuple[Trace, int]:
+    """The second restored partition is assigned again, with a fresh epoch."""
+    out = crash_and_restore()
+    again = copy.deepcopy(out[-1])
+    again["state"]["epoch"] += 1
+    return [*out, again], len(out) + 1
+
+
+def fetched_past_next() -> tuple[Trace, int]:
+    """driven()'s batch fetched 0, 1 (next 2) also lists offset 2."""
+    out = driven()
+    k = index(out, "t/0", "fetched", 1)
+    out.insert(k + 1, dict(copy.deepcopy(out[k]), off=2))
+    return out, index(out, "t/0", "fetched", 0) + 1
+
+
+SMALL_DOCTORED = [
+    commit_lists_an_offset_twice, state_lists_an_offset_twice, assign_lists_an_offset_twice,
+    fetched_past_next, restored_with_a_wrong_above, restored_announced_twice,
+]
+
+
+@pytest.mark.parametrize("doctor", SMALL_DOCTORED, ids=lambda f: f.__name__)
+def test_small_doctored_trace_rejected_by_reference(
+    doctor: Callable[[], tuple[Trace, int]],
+) -> None:
+    lines, blamed = doctor()
+    report = tv.validate_lines(lines, mode="exactly-once")
+    assert not report.ok and report.violations[0].line == blamed, report.summary()
+
+
+def test_crash_and_restore_accepted_by_reference() -> None:
+    report = tv.validate_lines(crash_and_restore(), mode="exactly-once")
+    assert report.ok, report.summary()
+
+
 def test_restart_with_held_offsets(tmp_path: Path) -> None:
     first, second = restart_traces(tmp_path)
     assert second[0]["above"] == [2, 3, 4, 5] and second[0]["fence"] > first[0]["fence"]
@@ -495,6 +594,24 @@ def test_doctored_trace_rejected_by_tlc(
     verdict = tv.check_with_tlc(parsed, mode_of(doctor))
     assert not verdict.accepted
     assert tv._tlc_violation(parsed, verdict).line == blamed
+
+
+@pytest.mark.formal
+@pytest.mark.parametrize("doctor", SMALL_DOCTORED, ids=lambda f: f.__name__)
+def test_small_doctored_trace_rejected_by_tlc(doctor: Callable[[], tuple[Trace, int]]) -> None:
+    """An offset listed twice must not vanish into a TLA+ set; a restore
+    announces each partition once, from the durable position."""
+    lines, blamed = doctor()
+    parsed = tv.parse_lines(lines)[0]
+    verdict = tv.check_with_tlc(parsed, "exactly-once")
+    assert not verdict.accepted
+    assert tv._tlc_violation(parsed, verdict).line == blamed
+
+
+@pytest.mark.formal
+def test_crash_and_restore_accepted_by_tlc() -> None:
+    parsed = tv.parse_lines(crash_and_restore())[0]
+    assert tv.check_with_tlc(parsed, "exactly-once").accepted
 
 
 @pytest.mark.formal

@@ -8,7 +8,7 @@ from collections import defaultdict
 from typing import Any
 
 import pytest
-from confluent_kafka import Message
+from confluent_kafka import KafkaError, Message
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -224,23 +224,14 @@ def test_trace_records_core_transitions(tmp_path: Any) -> None:
 
 
 class _ErrorMessage(FakeMessage):
-    """A consume result that is an error event, not a message."""
+    """A consume result that is an error event (``error``), not a message."""
 
-    def __init__(self, fatal: bool) -> None:
+    def __init__(self, error: KafkaError) -> None:
         super().__init__(TOPIC, 0, -1, None, b"")
-        self._fatal = fatal
+        self._error = error
 
     def error(self) -> Any:
-        fatal = self._fatal
-
-        class _Err:
-            def fatal(self) -> bool:
-                return fatal
-
-            def str(self) -> str:
-                return "broker went away"
-
-        return _Err()
+        return self._error
 
 
 @given(
@@ -271,9 +262,32 @@ def test_batches_are_grouped_by_partition_in_order(
 def test_consumer_errors_are_dropped_and_a_fatal_one_stops_the_run(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """A KafkaError in a batch is logged and dropped (it cannot be compared with
+    None); a fatal one stops the run, also in the form ``consume`` hands it out:
+    code ``_FATAL`` with ``fatal()`` false."""
     engine = engine_for(lambda m: None, FakeConsumer(TOPIC, {}))
     ok = [FakeMessage(TOPIC, 0, i, None, b"v") for i in range(3)]
-    assert engine._drop_errors([ok[0], _ErrorMessage(fatal=False), *ok[1:]]) == ok
+    transient = _ErrorMessage(KafkaError(KafkaError._TRANSPORT, "broker went away"))
+    assert engine._drop_errors([ok[0], transient, *ok[1:]]) == ok
     assert "broker went away" in caplog.text
-    with pytest.raises(RuntimeFailure, match="broker went away"):
-        engine.dispatch([ok[0], _ErrorMessage(fatal=True)])
+    engine.dispatch([transient])  # nothing to run, nothing raised
+    for fatal in (
+        KafkaError(KafkaError._FATAL, "Fatal error: broker went away"),
+        KafkaError(KafkaError.FENCED_INSTANCE_ID, "broker went away", fatal=True),
+    ):
+        with pytest.raises(RuntimeFailure, match=r"Kafka consumer failed: .*broker went away"):
+            engine.dispatch([ok[0], _ErrorMessage(fatal)])
+
+
+def test_a_member_id_in_use_under_the_consumer_protocol_is_one_line() -> None:
+    engine = engine_for(lambda m: None, FakeConsumer(TOPIC, {}), member_id="m-1")
+    text = (
+        "Fatal error: Broker: The instance ID is still used by another member in the "
+        "consumer group: ConsumerGroupHeartbeat fatal error"
+    )  # librdkafka 2.16's words for UNRELEASED_INSTANCE_ID
+    with pytest.raises(RuntimeFailure) as info:
+        engine.dispatch([_ErrorMessage(KafkaError(KafkaError._FATAL, text))])
+    assert info.value.line().startswith(
+        "--member-id 'm-1' is held by a live member of group 'g'; under --group-protocol "
+        "consumer the new member is fenced; give each live member its own --member-id"
+    )

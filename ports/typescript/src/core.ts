@@ -336,8 +336,8 @@ export class PartitionTracker {
       this.check(event, o);
     }
     for (const o of offsets) this.move(event, o);
-    if (isFinished(TRANSITIONS[event].to)) {
-      // a finishing batch raises unsent even when empty (spec §5)
+    if (isFinished(TRANSITIONS[event].to) && offsets.length > 0) {
+      // an empty finishing batch finishes nothing, so raises nothing (spec §5)
       this._unsent = true;
     }
     this.refresh();

@@ -78,7 +78,7 @@ class ConsumerCore:
     ) -> int:
         """Take ``tp``, starting at its durable position ``committed``; return the epoch.
 
-        ``finished_above``: offsets above ``committed`` whose effects the sink
+        ``finished_above``: offsets at or above ``committed`` whose effects the sink
         already holds (from an earlier :class:`Commit`); they will not run again.
         Assigning a partition that is already held is an :class:`IllegalTransition`.
 
@@ -158,6 +158,11 @@ class ConsumerCore:
             for tp, t in sorted(self._parts.items())
         }
 
+    @icontract.ensure(
+        lambda self, tp, epoch, result: (result is None) == (self._epochs.get(tp) != epoch),
+        "an event reaches a tracker exactly when its epoch is the partition's current one",
+        enabled=ENABLED,
+    )
     def _current(self, tp: TopicPartition, epoch: int) -> PartitionTracker | None:
         if self._epochs.get(tp) != epoch:
             return None
@@ -308,6 +313,16 @@ class ConsumerCore:
 
     # -- commits -------------------------------------------------------------------------
 
+    @icontract.ensure(
+        lambda self, tp, result: result is None
+        or (
+            result.epoch == self._epochs[tp]
+            and result.offset == self._parts[tp].processed
+            and result.finished_above == self._parts[tp].finished_above()
+        ),
+        "a commit carries the watermark and every offset finished or held above it",
+        enabled=ENABLED,
+    )
     def commit_requested(self, tp: TopicPartition) -> Commit | None:
         """The commit to make for ``tp`` now, or ``None`` if nothing new is finished."""
         tracker = self._parts.get(tp)

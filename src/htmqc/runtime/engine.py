@@ -67,11 +67,11 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from itertools import groupby
-from operator import methodcaller
+from itertools import groupby, repeat
+from operator import is_, methodcaller
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Message
+from confluent_kafka import KafkaError, Message
 
 from htmqc.core import ConsumerCore, DeadLetter, FailureKind, RetryAt, classify
 from htmqc.core.decisions import TopicPartition
@@ -113,6 +113,23 @@ _ANY_READERS = (methodcaller("error"), methodcaller("partition"), methodcaller("
 
 class MessageTooLarge(Permanent):
     """A message's value is larger than ``--max-message-bytes``."""
+
+
+#: librdkafka's text for Kafka's UNRELEASED_INSTANCE_ID (KIP-848): a live member holds
+#: the group.instance.id this consumer joined with.
+_INSTANCE_ID_IN_USE = "instance ID is still used by another member"
+
+
+def consumer_failure(text: str, options: RunOptions) -> RuntimeFailure:
+    """The one-line failure for a fatal consumer error ``text``."""
+    if _INSTANCE_ID_IN_USE in text and options.member_id:
+        return RuntimeFailure(
+            f"--member-id {options.member_id!r} is held by a live member of group "
+            f"{options.group!r}; under --group-protocol consumer the new member is fenced",
+            "give each live member its own --member-id; after a crash, start again once "
+            "the broker's group.consumer.session.timeout.ms (45 s by default) has passed",
+        )
+    return RuntimeFailure(f"Kafka consumer failed: {text}", "restart htmqc run")
 
 
 class TransactionLost(BaseException):
@@ -229,7 +246,12 @@ class Engine:
         #: Seconds a fenced partition stays paused before it is claimed again if the
         #: group still assigns it to us: the session timeout (by then the group
         #: has evicted a real zombie).
-        session_ms = consumer_config(options.bootstrap, options.group, dict(options.kafka_config))
+        session_ms = consumer_config(
+            options.bootstrap,
+            options.group,
+            dict(options.kafka_config),
+            group_protocol=options.group_protocol,
+        )  # under group.protocol=consumer the broker's session timeout: 45 s by default
         self._fence_grace = float(session_ms.get("session.timeout.ms", 45_000)) / 1000
         self.poison = PoisonDetector(options.poison_threshold, options.poison_window)
         self.assigned: set[TopicPartition] = set()
@@ -578,7 +600,8 @@ class Engine:
         if self.first_message_at is None:
             self.first_message_at = self._last_message
         error, partition, offset = _READERS.get(type(msgs[0]), _ANY_READERS)
-        if list(map(error, msgs)).count(None) != n:
+        # Identity, not ==: a KafkaError compared with None raises (confluent-kafka 2.16).
+        if not all(map(is_, map(error, msgs), repeat(None))):
             msgs = self._drop_errors(msgs)
         core = self.core
         for tp, batch in self._by_partition(msgs, partition):
@@ -618,16 +641,19 @@ class Engine:
         if self.in_flight_bytes > self.peak_in_flight_bytes:
             self.peak_in_flight_bytes = self.in_flight_bytes
 
-    @staticmethod
-    def _drop_errors(msgs: list[Any]) -> list[Any]:
-        """The messages of ``msgs`` that are not errors; a fatal error stops the run."""
+    def _drop_errors(self, msgs: list[Any]) -> list[Any]:
+        """The messages of ``msgs`` that are not errors; a fatal error stops the run.
+
+        librdkafka hands a fatal error to ``consume`` as a ``_FATAL`` event whose
+        ``fatal()`` is false (the flag is on the original error), so the code counts.
+        """
         out = []
         for msg in msgs:
             err = msg.error()
             if err is None:
                 out.append(msg)
-            elif err.fatal():
-                raise RuntimeFailure(f"Kafka consumer failed: {err.str()}", "restart htmqc run")
+            elif err.fatal() or err.code() == KafkaError._FATAL:
+                raise consumer_failure(err.str(), self.options)
             else:
                 log.warning("consumer error: %s", err.str())
         return out

@@ -188,7 +188,12 @@ def build_engine(
             for name in (dlq_topic(options.topic), poison_topic(options.topic)):
                 _ensure_topic(options.bootstrap, name, options.kafka_config)
     engine: list[Engine] = []
-    config = consumer_config(options.bootstrap, options.group, dict(options.kafka_config))
+    config = consumer_config(
+        options.bootstrap,
+        options.group,
+        dict(options.kafka_config),
+        group_protocol=options.group_protocol,
+    )
     if options.member_id and "group.instance.id" not in config:
         config["group.instance.id"] = options.member_id
     config["on_commit"] = lambda err, parts: engine[0].on_commit(err, parts)
