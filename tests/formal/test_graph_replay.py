@@ -4,16 +4,18 @@ dump parser and the refinement mapping's epoch history."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 
-from htmqc.core import ConsumerCore, Event, MessageState, PartitionTracker
+from htmqc.core import ConsumerCore, Event, MessageState, PartitionTracker, failures, gate
 from htmqc.core.contracts import ENABLED as CONTRACTS
 from model_checks import graph_replay as gr
 from model_checks.refinement import EpochHistory, MappingError
 from model_checks.state_graph import Fun, StateGraph, graph_config, load_graph, parse_value
+from model_checks.tlc import TLA_DIR
 
 pytestmark = pytest.mark.formal
 
@@ -113,6 +115,30 @@ def test_replay_rejects_a_mutated_core(
 
 
 # -- the pieces ------------------------------------------------------------------------------
+
+
+def test_the_specs_gate_and_failure_rules_are_the_cores() -> None:
+    """GateTable, its state sets and FailureRules in Consumer.tla say what
+    gate.TRANSITIONS, HELD, ALWAYS_PAUSED, FOLLOWS_HOLDS and failures.RULES say."""
+    assert gr.gate_table() == {
+        state.value: {event.value: target.value for event, target in row.items()}
+        for state, row in gate.TRANSITIONS.items()
+    }
+    spec = (TLA_DIR / "Consumer.tla").read_text()
+
+    def tla_set(name: str) -> set[str]:
+        found = re.search(rf"^{name} == \{{(.*?)\}}", spec, re.M)
+        assert found, name
+        return {x.strip().strip('"') for x in found.group(1).split(",")}
+
+    assert tla_set("HeldStates") == {s.value for s in gate.HELD}
+    assert tla_set("AlwaysPaused") == {s.value for s in gate.ALWAYS_PAUSED}
+    assert tla_set("FollowsHolds") == {s.value for s in gate.FOLLOWS_HOLDS}
+    rules = re.search(r"^FailureRules == <<(.*?)>>", spec, re.M)
+    assert rules
+    assert [x.strip().strip('"') for x in rules.group(1).split(",")] == [
+        name for name, _ in failures.RULES
+    ]
 
 
 def test_tlc_values_parse() -> None:
