@@ -12,6 +12,7 @@ import pytest
 
 from htmqc.core import ConsumerCore, Event, MessageState, PartitionTracker, failures, gate
 from htmqc.core.contracts import ENABLED as CONTRACTS
+from htmqc.core.gate import Gate, GateAction
 from model_checks import graph_replay as gr
 from model_checks.refinement import EpochHistory, MappingError
 from model_checks.state_graph import Fun, StateGraph, graph_config, load_graph, parse_value
@@ -83,6 +84,30 @@ def stale_epoch_taken(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ConsumerCore, "_current", current)
 
 
+def gate_never_reclaims(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gate's tick never claims a fenced partition again (before 3bdd90a)."""
+    original = Gate.tick
+
+    def tick(self: Gate, now: float) -> list[GateAction]:
+        return original(self, now) if self.fence_grace == 0 else []
+
+    monkeypatch.setattr(Gate, "tick", tick)
+
+
+def gate_pause_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After an assignment the gate takes the partition for resumed (before 44915de)."""
+    original = Gate.claimed
+
+    def claimed(self: Gate, positions: Any) -> list[GateAction]:
+        for tp in positions:
+            part = self._parts.get(tp)
+            if part is not None and part.paused is None:
+                part.paused = False
+        return original(self, positions)
+
+    monkeypatch.setattr(Gate, "claimed", claimed)
+
+
 MUTANTS: list[tuple[Callable[[pytest.MonkeyPatch], None], str, str]] = [
     (skip_boundary, "small_eos", "skip: core [] != model [2]"),
     (finish_from_any_live_state, "small_eos_retries", "succeeded_many([1]) on Pending"),
@@ -94,6 +119,8 @@ MUTANTS: list[tuple[Callable[[pytest.MonkeyPatch], None], str, str]] = [
         "ViolationError" if CONTRACTS else "commit_requested hands out",
     ),
     (stale_epoch_taken, "small_eos_reassign", "stale epoch"),
+    (gate_never_reclaims, "small_gate", "held: core False != model True"),
+    (gate_pause_kept, "small_gate", "gate paused: code True != model False"),
 ]
 
 
