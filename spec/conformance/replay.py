@@ -108,6 +108,14 @@ def mismatches(vector: dict[str, Any]) -> Iterator[str]:
     if vector.get("format") != FORMAT:
         yield f"{vector.get('name')}: format {vector.get('format')!r}; this replay reads {FORMAT}"
         return
+    if vector.get("kind") is not None:
+        from spec.conformance import gate  # it imports this module's vocabulary
+
+        if vector["kind"] != gate.KIND:
+            yield f"{vector.get('name')}: kind {vector['kind']!r}; this replay reads core, gate"
+            return
+        yield from gate.mismatches(vector)
+        return
     core = ConsumerCore(RetryPolicy(**vector["retry"]))
     for i, step in enumerate(vector["steps"]):
         where = f"{vector['name']} step {i} ({step['op']} {step['args']})"
