@@ -301,9 +301,9 @@ class Replay:
             "AnswerLost": self._environment,
             "RacingClaim": self._environment,
             "RecordDue": self._environment,
-            "GraceOver": self._grace_over,
+            "GraceOver": self._tick,
             "RetryWait": self._retry_wait,
-            "RetryWaitOver": self._retry_wait_over,
+            "RetryWaitOver": self._tick,
             "Flow": self._holds,
             "Trip": self._holds,
             "Close": self._holds,
@@ -606,10 +606,13 @@ class Replay:
 
     # -- the gate's own steps --------------------------------------------------------------
 
-    def _grace_over(self, action: str, s: State, t: State, cores: Cores) -> Cores:
+    def _tick(self, action: str, s: State, t: State, cores: Cores) -> Cores:
+        """GraceOver, RetryWaitOver: the gate's tick when the grace ends or the
+        record is due."""
         m, _ = self._gate_moved(s, t)
         cores, member = self._copy(cores, m)
-        self._do(member, member.gate.tick(FENCE_GRACE), m, s, t)
+        now = FENCE_GRACE if action == "GraceOver" else WAIT_UNTIL
+        self._do(member, member.gate.tick(now), m, s, t)
         return self._settle(s, t, cores, m)
 
     def _retry_wait(self, action: str, s: State, t: State, cores: Cores) -> Cores:
@@ -619,12 +622,6 @@ class Replay:
         offset = s["view"][m][p]["next"]
         self._do(member, member.gate.retry_wait(tp, offset, WAIT_UNTIL), m, s, t,
                  seek={tp: offset})
-        return self._settle(s, t, cores, m)
-
-    def _retry_wait_over(self, action: str, s: State, t: State, cores: Cores) -> Cores:
-        m, _ = self._gate_moved(s, t)
-        cores, member = self._copy(cores, m)
-        self._do(member, member.gate.tick(WAIT_UNTIL), m, s, t)
         return self._settle(s, t, cores, m)
 
     def _holds(self, action: str, s: State, t: State, cores: Cores) -> Cores:

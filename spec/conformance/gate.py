@@ -20,6 +20,7 @@ from htmqc.core.errors import IllegalTransition
 from htmqc.core.gate import Gate, GateAction, Hold, Seek
 from model_checks.reference_gate import RefGate, RefGateError
 from spec.conformance.replay import parse_tp as _tp
+from spec.conformance.replay import step_mismatches
 
 KIND = "gate"
 FENCE_GRACE = 10.0
@@ -303,20 +304,7 @@ def call(gate: Gate, op: str, args: dict[str, Any]) -> list[GateAction]:
 def mismatches(vector: dict[str, Any]) -> Iterator[str]:
     """Every difference between ``Gate`` and a gate vector (stops at the first state)."""
     gate = Gate(fence_grace=vector["fence_grace"])
-    for i, step in enumerate(vector["steps"]):
-        where = f"{vector['name']} step {i} ({step['op']} {step['args']})"
-        try:
-            got: Any = actions_json(call(gate, step["op"], step["args"]))
-        except IllegalTransition:
-            if step.get("error") != "IllegalTransition":
-                yield f"{where}: raised IllegalTransition; expected {step.get('result')!r}"
-        except Exception as exc:
-            yield f"{where}: raised unexpected {type(exc).__name__}: {exc}"
-        else:
-            if "error" in step:
-                yield f"{where}: answered {got!r}; expected {step['error']}"
-            elif got != step["result"]:
-                yield f"{where}: answered {got!r}; expected {step['result']!r}"
-        if gate.snapshot() != step["state"]:
-            yield f"{where}: state {gate.snapshot()}; expected {step['state']}"
-            return
+    yield from step_mismatches(
+        vector, lambda op, args: actions_json(call(gate, op, args)), gate.snapshot,
+        (IllegalTransition,),
+    )
