@@ -117,12 +117,19 @@ $(PEERS_VENV)/.stamp: pyproject.toml
 	  faust-streaming matplotlib 2>&1 | $(QUIET_PIP)
 	touch $@
 
-chaos-long: setup ## fault-injected runs: 1M msgs/8 partitions/3 consumers/24 faults, then 10M
+chaos-long: setup ## fault-injected runs: 1M msgs/8 partitions/3 consumers/24 faults, then 10M; the same on a 3-node Kafka cluster with broker faults
 	$(PY) -m htmqc chaos --seed 1 --messages 1000000 --partitions 8 --consumers 3 --faults 24 \
 		--produce-seconds 240 --timeout 1500 --report benchmarks/results/chaos-long.json \
 		--trace-dir $${TMPDIR:-/tmp}/htmqc-chaos-long-traces
 	$(PY) -m htmqc chaos --seed 2 --messages 10000000 --partitions 8 --consumers 3 --faults 30 \
 		--produce-seconds 600 --timeout 3600 --report benchmarks/results/chaos-10m.json
+	$(PY) -m htmqc chaos --broker kafka-cluster --sink postgresql,kafka --seed 1 --messages 1000000 \
+		--partitions 8 --consumers 3 --faults 24 --produce-seconds 240 --timeout 2700 \
+		--report benchmarks/results/chaos-kafka-cluster-1m.json \
+		--trace-dir $${TMPDIR:-/tmp}/htmqc-chaos-cluster-traces
+	$(PY) -m htmqc chaos --broker kafka-cluster --sink postgresql,kafka --seed 2 --messages 10000000 \
+		--partitions 8 --consumers 3 --faults 30 --produce-seconds 2400 --timeout 9000 \
+		--report benchmarks/results/chaos-kafka-cluster-10m.json
 
 bench-peers: $(PEERS_VENV)/.stamp ## htmqc against raw confluent-kafka, aiokafka, Quix, faust
 	HTMQC_CONTRACTS=0 $(PEERS_VENV)/bin/python -m benchmarks.peers --timeout 600 $(PEERS_ARGS)
@@ -130,8 +137,9 @@ bench-peers: $(PEERS_VENV)/.stamp ## htmqc against raw confluent-kafka, aiokafka
 # SIGKILL duplicates); PEERS_ARGS=--quick for a smoke run.
 PEERS_ARGS ?=
 
-demo: setup ## the main job: 1M messages exactly-once into SQLite, two SIGKILLs, an audit
-	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.demo
+BROKER ?= bundled
+demo: setup ## the main job: 1M messages exactly-once into SQLite, two SIGKILLs, an audit (BROKER=kafka: on Apache Kafka)
+	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.demo --broker $(BROKER)
 
 clean: ## remove build output (not the venv)
 	rm -rf build .pytest_cache .mypy_cache .ruff_cache .hypothesis .venv-peers

@@ -35,13 +35,18 @@ Contract:
   waited for), :meth:`~KafkaCluster.stop` (SIGTERM, a controlled shutdown,
   SIGKILL after a grace period), :meth:`~KafkaCluster.start` (the same node id,
   ports and storage), :meth:`~KafkaCluster.pause` / :meth:`~KafkaCluster.resume`
-  (SIGSTOP / SIGCONT). ``advertised_ports`` lets clients reach a node through
-  a proxy while the readiness checks use the node's own port.
+  (SIGSTOP / SIGCONT). ``front`` puts something (a proxy) in front of each
+  listener: clients, other brokers (replication, transaction markers) and
+  the controllers (the Raft quorum, broker heartbeats) are told its port,
+  while the readiness checks and look-ups use the node's own client port.
+  :meth:`~KafkaCluster.in_sync` / :meth:`~KafkaCluster.wait_in_sync` tell
+  when every replica is back in its partition's ISR (after a fault).
 - Look-ups answer node ids: :meth:`~KafkaCluster.leader_of` (metadata, ``-1``
   when the partition has no leader now), :meth:`~KafkaCluster.active_controller`
   (DescribeQuorum), :meth:`~KafkaCluster.transaction_coordinator` and
   :meth:`~KafkaCluster.group_coordinator` (FindCoordinator, retried while the
-  coordinator is loading); see :mod:`htmqc.kafka_requests`.
+  coordinator is loading); :meth:`~KafkaCluster.group_members` answers a
+  group's members (DescribeGroups); see :mod:`htmqc.kafka_requests`.
 """
 
 from __future__ import annotations
@@ -121,6 +126,10 @@ TEST_SETTINGS: Mapping[str, str] = {
     "group.consumer.heartbeat.interval.ms": "500",
     # The classic protocol's lower bound, stated: LOCAL_BROKER_CONSUMER asks 6 s.
     "group.min.session.timeout.ms": "6000",
+    # Kafka's default, stated: a broker that misses heartbeats to the active
+    # controller this long is fenced and its partitions get new leaders (chaos
+    # runs pause brokers past it).
+    "broker.session.timeout.ms": "9000",
     # The log cleaner (compacted topics such as htmqc-positions) takes this much
     # heap when it starts; Kafka's default is 128 MiB.
     "log.cleaner.dedupe.buffer.size": str(16 * 1024 * 1024),
@@ -142,6 +151,16 @@ logger.request.level = warn
 """
 
 _T = TypeVar("_T")
+
+LISTENERS = ("client", "internal", "controller")
+Front = Callable[[int, str, int], int]
+"""``front(node_id, listener, port) -> port``: called for each node's listener
+(one of :data:`LISTENERS`, on ``port``) before the nodes start (again on a
+start retried with fresh ports); the answer is the port the others are told:
+``client`` in metadata (clients), ``internal`` in the INTERNAL advertised
+listener (replication fetches and transaction markers from the other brokers),
+``controller`` in ``controller.quorum.voters`` (the Raft quorum and the
+brokers' heartbeats to the active controller)."""
 
 
 def kafka_libs() -> Path:
@@ -217,6 +236,10 @@ class KafkaNode:
     advertised_port: int
     """The port metadata gives clients: ``port``, or a proxy's in front of it."""
     directory: Path
+    advertised_internal_port: int = 0
+    """The port other brokers reach INTERNAL on (``internal_port`` unless fronted)."""
+    advertised_controller_port: int = 0
+    """The port in ``controller.quorum.voters`` (``controller_port`` unless fronted)."""
     """Holds ``server.properties``, ``data/`` and ``kafka.log``."""
     process: subprocess.Popen[bytes] | None = None
     paused: bool = False
@@ -398,6 +421,45 @@ class KafkaCluster:
         """The node id that coordinates consumer group ``group``."""
         return self._coordinator(group, kafka_requests.GROUP_KEY, timeout)
 
+    def in_sync(self) -> bool:
+        """Whether every node runs unpaused and every partition of every topic has
+        a leader and all its replicas in the ISR (metadata of one live node)."""
+        if not all(n.running() and not n.paused for n in self.nodes):
+            return False
+        for node in self.nodes:
+            with contextlib.suppress(KafkaException):
+                meta = self._admin(node).list_topics(timeout=5.0)
+                return all(
+                    p.error is None and p.leader >= 0 and set(p.isrs) == set(p.replicas)
+                    for t in meta.topics.values()
+                    for p in t.partitions.values()
+                )
+        return False
+
+    def wait_in_sync(self, timeout: float = 120.0) -> bool:
+        """Wait until :meth:`in_sync` (``False`` if ``timeout`` seconds passed first,
+        or the cluster was closed)."""
+        deadline = time.monotonic() + timeout
+        while not self.in_sync():
+            if time.monotonic() >= deadline or self._closed:
+                return False
+            time.sleep(0.5)
+        return True
+
+    def group_members(self, group: str, timeout: float = 10.0) -> list[tuple[str, str]]:
+        """``(member_id, client_id)`` of each member of consumer group ``group``, asked
+        of its coordinator (retried while the coordinator moves or loads)."""
+
+        def ask(node: KafkaNode) -> list[tuple[str, str]]:
+            coordinator = self.node(
+                kafka_requests.find_coordinator(
+                    HOST, node.port, group, kafka_requests.GROUP_KEY, timeout=2.0
+                )[0]
+            )
+            return kafka_requests.group_members(HOST, coordinator.port, group, timeout=2.0)
+
+        return self._ask_any(f"the members of group {group!r}", ask, timeout)
+
     def warm_up(self, timeout: float = 60.0) -> None:
         """Create Kafka's offsets topic and transaction log now and wait until every
         partition of both has a leader and a coordinator answers.
@@ -568,10 +630,12 @@ def _free_ports(count: int) -> list[int]:
 def _properties(
     node: KafkaNode, voters: Mapping[int, int], overrides: Mapping[str, object]
 ) -> dict[str, str]:
-    """``server.properties`` of ``node``; ``voters``: node id -> controller port.
+    """``server.properties`` of ``node``; ``voters``: node id -> the controller port
+    the others reach it on.
 
     Clients use PLAINTEXT (advertised as ``node.advertised_port``), brokers talk
-    to each other on INTERNAL, controllers on CONTROLLER.
+    to each other on INTERNAL (``node.advertised_internal_port``), controllers on
+    CONTROLLER.
     """
     props = {
         "process.roles": "broker,controller",
@@ -582,7 +646,7 @@ def _properties(
         "listeners": f"PLAINTEXT://{HOST}:{node.port},INTERNAL://{HOST}:{node.internal_port},"
         f"CONTROLLER://{HOST}:{node.controller_port}",
         "advertised.listeners": f"PLAINTEXT://{HOST}:{node.advertised_port},"
-        f"INTERNAL://{HOST}:{node.internal_port}",
+        f"INTERNAL://{HOST}:{node.advertised_internal_port}",
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "INTERNAL",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,INTERNAL:PLAINTEXT,"
@@ -645,7 +709,7 @@ def start_kafka(
     nodes: int = 1,
     *,
     ports: Sequence[int] | None = None,
-    advertised_ports: Mapping[int, int] | None = None,
+    front: Front | None = None,
     broker_config: Mapping[str, object] | None = None,
     jvm_options: Sequence[str] = JVM_OPTIONS,
     ready_timeout: float = 90.0,
@@ -654,8 +718,8 @@ def start_kafka(
 ) -> KafkaCluster:
     """Format and start ``nodes`` combined Kafka nodes (ids 1..nodes) on loopback.
 
-    ``ports``: each node's client port (default: free ones); ``advertised_ports``:
-    node id -> the port clients are told (a proxy's); ``broker_config``: settings
+    ``ports``: each node's client port (default: free ones); ``front``: see
+    :data:`Front` (default: every listener is reached directly); ``broker_config``: settings
     that override the defaults of every node; ``work_dir``: where the nodes'
     data and logs go (default: a new temporary directory). See the module docs
     for the rest.
@@ -687,7 +751,7 @@ def start_kafka(
             work / f"attempt-{attempt}" if attempt else work,
             work,
             ports=ports,
-            advertised_ports=advertised_ports or {},
+            front=front,
             broker_config=broker_config or {},
             java=java,
             libs=libs,
@@ -724,7 +788,7 @@ def _start_attempt(
     work: Path,
     *,
     ports: Sequence[int] | None,
-    advertised_ports: Mapping[int, int],
+    front: Front | None,
     broker_config: Mapping[str, object],
     java: str,
     libs: Path,
@@ -742,11 +806,20 @@ def _start_attempt(
                 port=client,
                 internal_port=next(free),
                 controller_port=next(free),
-                advertised_port=advertised_ports.get(i, client),
+                advertised_port=client,
                 directory=root / f"node-{i}",
             )
         )
-    voters = {n.node_id: n.controller_port for n in members}
+    for node in members:
+        node.advertised_internal_port = node.internal_port
+        node.advertised_controller_port = node.controller_port
+        if front is not None:
+            node.advertised_port = front(node.node_id, "client", node.port)
+            node.advertised_internal_port = front(node.node_id, "internal", node.internal_port)
+            node.advertised_controller_port = front(
+                node.node_id, "controller", node.controller_port
+            )
+    voters = {n.node_id: n.advertised_controller_port for n in members}
     for node in members:
         node.directory.mkdir(parents=True)
         _write_properties(node.properties_path, _properties(node, voters, broker_config))

@@ -1,14 +1,20 @@
-"""Two Kafka protocol requests that librdkafka's admin API does not offer.
+"""Kafka protocol requests that librdkafka's admin API does not offer, or not safely.
 
 confluent-kafka 2.16 has no FindCoordinator for a transactional id and no
 DescribeQuorum, and in KRaft mode a broker's DescribeCluster answer names a
 random live broker as "controller" (controllers are not reachable by
-clients), so :mod:`htmqc.kafka_cluster` asks these two itself:
+clients); and its coordinator-bound admin calls (DescribeConsumerGroups,
+ListConsumerGroupOffsets) abort the whole process when the coordinator's
+connection drops mid-request (librdkafka issue 4605, seen here in a chaos run
+with a broker restart: ``rd_kafka_enq_once_del_source_return: Assertion
+`eonce->refcnt > 0' failed``). So :mod:`htmqc.kafka_cluster` asks these itself:
 
 - :func:`find_coordinator`: FindCoordinator v1 (key type 0 = consumer group,
   1 = transactional id) answers the node that coordinates the key;
 - :func:`quorum_leader`: DescribeQuorum v0 for ``__cluster_metadata``, which
-  a broker forwards to the controller quorum, answers the active controller.
+  a broker forwards to the controller quorum, answers the active controller;
+- :func:`group_members`: DescribeGroups v1, sent to the group's coordinator,
+  answers the group's members (member id and client id).
 
 Each call opens one plaintext connection to ``host:port``, sends one request,
 reads one answer and closes. A Kafka error code in the answer raises
@@ -25,6 +31,7 @@ import socket
 import struct
 
 FIND_COORDINATOR = 10
+DESCRIBE_GROUPS = 15
 DESCRIBE_QUORUM = 55
 GROUP_KEY = 0
 TRANSACTION_KEY = 1
@@ -85,6 +92,13 @@ class _Reader:
 
     def skip(self, count: int) -> None:
         self.pos += count
+
+    def string(self) -> str:
+        """A STRING (int16 length; -1 is null, read as "")."""
+        length = self.take(">h")
+        text = self.data[self.pos : self.pos + max(0, length)].decode()
+        self.skip(max(0, length))
+        return text
 
     def skip_tagged_fields(self) -> None:
         for _ in range(self.uvarint()):
@@ -172,3 +186,31 @@ def quorum_leader(host: str, port: int, timeout: float = 5.0) -> int:
     if leader < 0:
         raise KafkaRequestError("DescribeQuorum", -1)
     return leader
+
+
+def group_members(host: str, port: int, group: str, timeout: float = 5.0) -> list[tuple[str, str]]:
+    """``(member_id, client_id)`` of each member of consumer group ``group``
+    (DescribeGroups v1; ``host:port`` must be the group's coordinator).
+
+    :raises KafkaRequestError: the broker answered an error code (16
+        NOT_COORDINATOR, 14 COORDINATOR_LOAD_IN_PROGRESS...).
+    """
+    body = struct.pack(">i", 1) + _string(group)
+    reader = _exchange(host, port, _header(DESCRIBE_GROUPS, 1, flexible=False), body, timeout)
+    reader.skip(4)  # throttle_time_ms
+    if reader.take(">i") != 1:  # exactly one group
+        raise KafkaRequestError("DescribeGroups", -1)
+    error = reader.take(">h")
+    if error:
+        raise KafkaRequestError("DescribeGroups", error)
+    for _ in range(3):  # group id, state, protocol type
+        reader.string()
+    reader.string()  # protocol data
+    members = []
+    for _ in range(reader.take(">i")):
+        member_id, client_id = reader.string(), reader.string()
+        reader.string()  # client host
+        for _ in range(2):  # member metadata, member assignment (BYTES)
+            reader.skip(max(0, reader.take(">i")))
+        members.append((member_id, client_id))
+    return members

@@ -42,9 +42,10 @@ def test_ci_size_chaos_run(tmp_path: Path, broker_kind: str) -> None:
     assert len(result.injected) >= 5
     assert {"kill", "zombie", "poison"} <= kinds and len(kinds) >= 6
     assert result.completed, result.summary()
-    counts = result.audit.counts
+    [pg] = result.pipelines
+    counts = pg.audit.counts
     assert counts["lost"] == 0 and counts["duplicate"] == 0 and counts["order-violation"] == 0
     assert result.ok, result.summary()
-    assert result.audit.totals["effects"] + result.audit.totals["dlq"] == 100_000
+    assert pg.audit.totals["effects"] + pg.audit.totals["dlq"] == 100_000
     assert result.traces and all(t["ok"] for t in result.traces)
     assert result.wall_seconds < 300

@@ -12,7 +12,14 @@ from htmqc.cli import main
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--db", "sqlite", "--kinds", "zombie", "--faults", "1"], "zombie fault needs PostgreSQL"),
+        (
+            ["--sink", "sqlite", "--kinds", "zombie", "--faults", "1"],
+            "zombie fault needs PostgreSQL",
+        ),
+        (["--sink", "postgresql,oracle"], "bad --sink"),
+        (["--sink", "kafka"], "cannot be judged on the bundled broker"),
+        (["--kinds", "broker-pause", "--faults", "1"], "need the three-node cluster"),
+        (["--broker", "kafka", "--kinds", "kill,broker-isolate"], "need the three-node cluster"),
         (["--kinds", "kill,meteor"], "unknown fault kind"),
         (["--partitions", "0"], "--partitions must be at least 1"),
         (["--faults", "-1"], "--faults must not be negative"),
@@ -37,9 +44,16 @@ def test_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--report" in out and "--trace-dir" in out
 
 
-def test_sqlite_default_kinds_leave_out_the_zombie() -> None:
+def test_default_kinds_fit_the_broker_and_the_sinks() -> None:
+    from htmqc.chaos.harness import default_kinds
+    from htmqc.chaos.schedule import BROKER_KINDS, CONSUMER_KINDS
     from htmqc.cli.chaos_cmd import _kinds
 
-    assert "zombie" not in _kinds("all", "sqlite")
-    assert "zombie" in _kinds("all", "postgresql")
-    assert _kinds("kill,zombie", "sqlite") == ("kill", "zombie")  # refused later, by name
+    assert _kinds("all") is None  # the harness picks
+    assert _kinds("kill,zombie") == ("kill", "zombie")  # refused later (SQLite), by name
+    assert "zombie" not in default_kinds("tansu", ("sqlite",))
+    assert "zombie" not in default_kinds("kafka-cluster", ("postgresql", "sqlite"))
+    assert default_kinds("kafka", ("postgresql",)) == CONSUMER_KINDS
+    assert default_kinds("kafka-cluster", ("postgresql", "kafka")) == (
+        CONSUMER_KINDS + BROKER_KINDS
+    )

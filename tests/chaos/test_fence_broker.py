@@ -48,9 +48,10 @@ def test_zombie_without_fence_is_caught(tmp_path: Path, broker_kind: str) -> Non
     assert [i["kind"] for i in result.injected] == ["zombie"]
     assert result.completed
     assert not result.ok
-    assert result.audit.counts["duplicate"] > 0
-    assert result.fenced_after_claim.count > 0
-    assert result.audit.counts["lost"] == 0
+    [pg] = result.pipelines
+    assert pg.audit.counts["duplicate"] > 0
+    assert pg.findings["fenced-write-after-claim"].count > 0
+    assert pg.audit.counts["lost"] == 0
     assert (
         "UNSAFE"
         in (tmp_path / "work" / "c0.log").read_text() + (tmp_path / "work" / "c1.log").read_text()
@@ -61,7 +62,17 @@ def test_sqlite_run_with_kills_and_network_faults_via_the_cli(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], broker_kind: str
 ) -> None:
     report = tmp_path / "report.json"
-    argv = ["chaos", "--broker", broker_kind, "--db", "sqlite", "--seed", "5", "--partitions", "3"]
+    argv = [
+        "chaos",
+        "--broker",
+        broker_kind,
+        "--sink",
+        "sqlite",
+        "--seed",
+        "5",
+        "--partitions",
+        "3",
+    ]
     argv += ["--messages", "20000"]
     argv += ["--faults", "4", "--kinds", "kill,net-reset,net-drop,poison,sink-error"]
     argv += ["--produce-seconds", "10", "--timeout", "150", "--work-dir", str(tmp_path / "w")]
@@ -69,6 +80,7 @@ def test_sqlite_run_with_kills_and_network_faults_via_the_cli(
     data = json.loads(report.read_text())
     assert data["ok"] and data["completed"] and data["seed"] == 5
     assert data["faults_injected"] == 4
-    assert data["audit"]["totals"]["dlq"] >= 1  # the poison ids were dead-lettered
-    assert data["audit"]["totals"]["effects"] + data["audit"]["totals"]["dlq"] == 20_000
+    [sqlite] = data["pipelines"]
+    assert sqlite["audit"]["totals"]["dlq"] >= 1  # the poison ids were dead-lettered
+    assert sqlite["audit"]["totals"]["effects"] + sqlite["audit"]["totals"]["dlq"] == 20_000
     assert "chaos seed 5: OK" in capsys.readouterr().out

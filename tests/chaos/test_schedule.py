@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from htmqc.chaos.schedule import FAMILIES, KINDS, build_schedule, parse_kinds
+from htmqc.chaos.schedule import BROKER_KINDS, FAMILIES, KINDS, build_schedule, parse_kinds
 from htmqc.errors import UsageError
 
 
@@ -84,3 +84,40 @@ def test_bad_shapes_are_refused() -> None:
         build_schedule(1, 1, consumers=0, messages=1)
     with pytest.raises(UsageError, match="no fault kind"):
         build_schedule(1, 1, consumers=1, messages=1, kinds=())
+
+
+def test_broker_faults_take_every_even_slot_and_rotate_through_the_kinds() -> None:
+    for seed in range(30):
+        faults = sorted(
+            build_schedule(seed, 24, consumers=3, messages=1000, kinds=KINDS, partitions=8),
+            key=lambda f: f.index,
+        )
+        assert [f.kind in BROKER_KINDS for f in faults] == [i % 2 == 0 for i in range(24)]
+        broker = [f.kind for f in faults if f.kind in BROKER_KINDS]
+        rotation = broker[: len(BROKER_KINDS)]
+        assert sorted(rotation) == sorted(BROKER_KINDS)  # 7 broker faults cover all 7 kinds
+        assert broker == [rotation[j % len(rotation)] for j in range(len(broker))]
+        consumer = [f for f in faults if f.kind not in BROKER_KINDS]
+        families = [next(i for i, fam in enumerate(FAMILIES) if f.kind in fam) for f in consumer]
+        assert families == [j % 4 for j in range(len(consumer))]
+
+
+def test_broker_fault_fields_are_in_range() -> None:
+    for seed in range(50):
+        schedule = build_schedule(
+            seed, 14, consumers=3, messages=500, kinds=BROKER_KINDS, partitions=8,
+            nodes=3, broker_session_s=9.0,
+        )  # fmt: skip
+        assert all(f.kind in BROKER_KINDS for f in schedule)
+        for f in schedule:
+            assert 0.05 <= f.at <= 0.85
+            if f.kind == "broker-kill-leader":
+                assert f.partition in range(8) and f.node is None and f.seconds >= 1
+            elif f.kind == "broker-kill-coordinator":
+                assert f.consumer in (0, 1, 2) and f.node is None
+            elif f.kind in ("broker-kill-controller", "broker-rolling-restart"):
+                assert f.node is None and f.partition is None
+            else:
+                assert f.node in (1, 2, 3) and f.seconds >= 2
+            if f.kind == "broker-pause":
+                assert f.seconds > 9.0  # past the broker session

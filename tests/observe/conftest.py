@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from htmqc.core import ConsumerCore, FailureKind, TopicPartition
-from htmqc.core.flow import FlowWindow
+from htmqc.core.flow import FlowPolicy, FlowWindow
 from htmqc.observe import CoreStateSource, Metrics, ObserveServer
 
 ORDERS_0: TopicPartition = ("orders", 0)
@@ -54,7 +54,10 @@ def build_scenario() -> Scenario:
     """orders/0: committed 120, processed 130, next 160, out-of-order finishes;
     orders/1: a failed message retrying, paused; audit.events/3: idle."""
     core = ConsumerCore()
-    flow = FlowWindow()
+    flow = FlowWindow(FlowPolicy(
+        min_window=16, initial_window=1000, max_window=10_000, increase=50,
+        latency_target=1.0, max_in_flight=10_000, max_in_flight_bytes=256 << 20,
+    ))
     epochs = {tp: core.assign(tp, start) for tp, start in
               ((ORDERS_0, 100), (ORDERS_1, 40), (AUDIT_3, 7))}
     e = epochs[ORDERS_0]

@@ -1,9 +1,17 @@
-"""The handler of a chaos run: one effect row per message, faults on switches.
+"""The handler of a chaos run: one effect per message, faults on switches.
 
 ``htmqc run htmqc.chaos.handler:record --mode exactly-once --sink ...`` with
 ``HTMQC_CHAOS_TABLE`` (the effects table, created by the harness:
 :mod:`htmqc.chaos.store`) and ``HTMQC_CHAOS_CONTROL`` (a JSON file of fault
 switches, rewritten atomically by the harness while the run goes on).
+
+With ``--sink kafka:OUT`` (the handle has ``send``) the effect is one record on
+``OUT`` instead, tagged with the transaction that wrote it, and with
+``HTMQC_CHAOS_TXN_DIR`` each transaction the sink asks to commit is logged
+first (:mod:`htmqc.chaos.kafka_store`; importing this module wraps
+:meth:`htmqc.sinks.kafka.KafkaSink.begin` to number the transactions and
+``KafkaTransaction._commit_with_retries``, the one place that calls
+``commit_transaction``, to log them).
 
 Each call inserts ``(id, msg_key, partition, offset, generation, pid)`` through
 the sink's transaction handle, like :mod:`examples.effects` (``id`` is not
@@ -23,7 +31,9 @@ Switches (the control file; missing keys are off; re-read at most every
     sleep this long before each message (a slow sink).
 ``sink_error_rate``
     the first attempt (in this process) of that share of messages runs a
-    statement that fails in the database (a transient sink error).
+    statement that fails in the database (a transient sink error); with the
+    Kafka sink it raises the producer's ``_MSG_TIMED_OUT`` before sending (its
+    output is dropped with the message scope).
 ``handler_error_rate``
     the first attempt of that share of messages raises :class:`InjectedError`.
 ``poison``
@@ -46,9 +56,13 @@ import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from confluent_kafka import KafkaError, KafkaException
+
+from htmqc.chaos.kafka_store import TXN_DIR_ENV, TxnLog, encode_output
 from htmqc.core.decisions import TopicPartition
 from htmqc.produce import parse_id
 from htmqc.sinks.base import Position
+from htmqc.sinks.kafka import KafkaSink, KafkaTransaction
 from htmqc.sinks.sql import SqlSink
 
 TABLE_ENV = "HTMQC_CHAOS_TABLE"
@@ -92,6 +106,35 @@ def _install_claim_probe() -> None:
 
 
 _install_claim_probe()
+
+txn_log = TxnLog(os.environ.get(TXN_DIR_ENV))
+#: The number of this process's open Kafka transaction (0: none began yet).
+current_txn = 0
+
+
+def _install_txn_probe() -> None:
+    """Number each Kafka transaction at ``begin``; log it before its commit (once)."""
+    begin, commit = KafkaSink.begin, KafkaTransaction._commit_with_retries
+    if getattr(begin, "_chaos_probe", False):
+        return
+
+    def probed_begin(self: KafkaSink) -> KafkaTransaction:
+        global current_txn
+        txn = begin(self)
+        current_txn += 1
+        txn._chaos_txn = current_txn  # type: ignore[attr-defined]
+        return txn
+
+    def probed_commit(self: KafkaTransaction) -> None:
+        txn_log.committing(getattr(self, "_chaos_txn", 0))
+        commit(self)
+
+    probed_begin._chaos_probe = True  # type: ignore[attr-defined]
+    KafkaSink.begin = probed_begin  # type: ignore[method-assign]
+    KafkaTransaction._commit_with_retries = probed_commit  # type: ignore[method-assign]
+
+
+_install_txn_probe()
 
 
 class Switches:
@@ -179,10 +222,21 @@ def record(msg: Any, tx: Any) -> None:
         "handler", ident
     ):
         raise InjectedError(f"injected handler error at message {ident}")
+    kafka = hasattr(tx, "send")
     if chosen(sw.salt, "sink", ident, sw.sink_error_rate) and _first_attempt("sink", ident):
+        if kafka:
+            raise KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT, "injected sink error"))
         tx.execute(_FAILING_SQL)  # no such table: the database refuses it
     topic, part = msg.topic(), msg.partition()
     key = msg.key()
+    if kafka:
+        text = key.decode() if key is not None else None
+        tx.send(
+            None,
+            encode_output(ident, text, part, msg.offset(), txn_log.token, current_txn),
+            key=key,
+        )
+        return
     tx.execute(
         _insert_sql(tx),
         (

@@ -1,13 +1,15 @@
 """``htmqc chaos``: a fault-injected exactly-once run, checked (Jepsen-style).
 
-Starts a dedicated broker behind the chaos proxy, a topic with --partitions
-partitions, --consumers ``htmqc run --mode exactly-once`` processes in one
-group, produces --messages messages, injects --faults faults drawn from
---seed (the same seed gives the same schedule), restarts what it killed, and
-audits: lost, duplicated, out-of-order effects, committed offsets that moved
-backwards, effects written by a fenced generation. Details:
-:mod:`htmqc.chaos.harness`. Exit status: 0 no anomaly, 1 anomalies (or a
-failure), 2 bad options.
+Starts a dedicated broker behind the chaos proxy (--broker kafka-cluster: three
+Apache Kafka nodes, every listener proxied), a topic with --partitions
+partitions, and for each --sink a group of --consumers ``htmqc run --mode
+exactly-once`` processes; produces --messages messages, injects --faults faults
+drawn from --seed (the same seed gives the same schedule; on the cluster half
+of them broker faults), restarts what it killed, and audits each sink: lost,
+duplicated, out-of-order effects, committed offsets that moved backwards,
+effects written by a fenced generation, aborted Kafka output that was read.
+Details: :mod:`htmqc.chaos.harness`. Exit status: 0 no anomaly, 1 anomalies
+(or a failure), 2 bad options.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from htmqc.chaos.harness import BROKERS, ChaosConfig, run_chaos
+from htmqc.chaos.harness import BROKERS, SINKS, ChaosConfig, run_chaos
 from htmqc.chaos.schedule import KINDS, parse_kinds
 from htmqc.errors import UsageError
 
@@ -42,18 +44,21 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--kinds",
         default="all",
-        help=f"comma-separated fault kinds to draw from (default all: {', '.join(KINDS)}; "
-        "with --db sqlite all but zombie)",
+        help=f"comma-separated fault kinds to draw from ({', '.join(KINDS)}); default all "
+        "that apply: the broker-* kinds with --broker kafka-cluster, no zombie with sqlite",
     )
     parser.add_argument("--report", help="write the JSON report to this file")
     parser.add_argument("--trace-dir", help="consumers write --trace files here (validated)")
     parser.add_argument(
-        "--db", choices=("postgresql", "sqlite"), default="postgresql", help="the sink"
+        "--sink",
+        default="postgresql",
+        help=f"comma-separated sinks, one consumer group each ({', '.join(SINKS)}; "
+        "kafka: Kafka->Kafka, needs a Kafka broker); default postgresql",
     )
     parser.add_argument(
         "--pg-url",
         default=os.environ.get("HTMQC_CHAOS_PG_URL", DEFAULT_PG_URL),
-        help="PostgreSQL database for --db postgresql (env HTMQC_CHAOS_PG_URL)",
+        help="PostgreSQL database for --sink postgresql (env HTMQC_CHAOS_PG_URL)",
     )
     parser.add_argument(
         "--produce-seconds",
@@ -69,7 +74,8 @@ def register(subparsers: Any) -> None:
         "--broker",
         choices=BROKERS,
         default=defaults.broker,
-        help="the bundled broker (tansu, default) or one Apache Kafka node (kafka)",
+        help="the bundled broker (tansu, default), one Apache Kafka node (kafka), or "
+        "three (kafka-cluster: replication factor 3, min ISR 2, broker faults)",
     )
     parser.add_argument("--keep-tables", action="store_true", help="keep the run's database tables")
     parser.add_argument(
@@ -80,13 +86,10 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _kinds(text: str, db: str) -> tuple[str, ...]:
-    """The kinds asked for; the default "all" leaves out zombie with SQLite (a
-    stopped SQLite writer holds the file lock), an explicit zombie is refused."""
-    kinds = parse_kinds(text)
-    if db == "sqlite" and text.strip() in ("", "all"):
-        kinds = tuple(k for k in kinds if k != "zombie")
-    return kinds
+def _kinds(text: str) -> tuple[str, ...] | None:
+    """The kinds asked for; ``None`` for "all" (the harness picks what applies:
+    :func:`htmqc.chaos.harness.default_kinds`)."""
+    return None if text.strip() in ("", "all") else parse_kinds(text)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,8 +100,8 @@ def run(args: argparse.Namespace) -> int:
         consumers=args.consumers,
         messages=args.messages,
         faults=args.faults,
-        kinds=_kinds(args.kinds, args.db),
-        db=args.db,
+        kinds=_kinds(args.kinds),
+        sinks=tuple(s.strip() for s in args.sink.split(",") if s.strip()),
         pg_url=args.pg_url,
         produce_seconds=args.produce_seconds,
         timeout=args.timeout,

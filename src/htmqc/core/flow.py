@@ -30,19 +30,26 @@ from htmqc.core.contracts import ENABLED, capture_old
 
 @dataclass(frozen=True, slots=True)
 class FlowPolicy:
-    """Bounds and gains of the window (see module docs). All must be positive;
-    ``min_window <= initial_window <= max_window``; ``0 < decrease < 1``;
-    ``0 < resume_fraction <= 1``."""
+    """Bounds and gains of the window (see module docs). Accepted exactly when
+    ``1 <= min_window <= initial_window <= max_window``, ``increase >= 1``,
+    ``0 < decrease < 1``, ``latency_target > 0``, ``0 <= max_error_rate < 1``,
+    ``max_in_flight >= 1``, ``max_in_flight_bytes >= 1`` and
+    ``0 < resume_fraction <= 1``; otherwise ``ValueError`` names every rule broken.
 
-    min_window: int = 16
-    initial_window: int = 1000
-    max_window: int = 10_000
-    increase: int = 50
+    The bounds and the latency target have no defaults here: the runtime's
+    options own them (``--min-in-flight``, ``--max-in-flight``, ...). The gains
+    default to what the README documents: halve on trouble, any error is
+    trouble, resume at 80 % of the limit."""
+
+    min_window: int
+    initial_window: int
+    max_window: int
+    increase: int
+    latency_target: float
+    max_in_flight: int
+    max_in_flight_bytes: int
     decrease: float = 0.5
-    latency_target: float = 1.0
     max_error_rate: float = 0.0
-    max_in_flight: int = 10_000
-    max_in_flight_bytes: int = 256 * 1024 * 1024
     resume_fraction: float = 0.8
 
     def __post_init__(self) -> None:
@@ -68,8 +75,8 @@ class FlowPolicy:
 class FlowWindow:
     """The window and the pause state (see module docs)."""
 
-    def __init__(self, policy: FlowPolicy | None = None) -> None:
-        self.policy = policy if policy is not None else FlowPolicy()
+    def __init__(self, policy: FlowPolicy) -> None:
+        self.policy = policy
         self.window = self.policy.initial_window
         self.paused = False
 
