@@ -6,34 +6,45 @@ Contract
 takes the models of that size that ``tla/manifest.json`` marks ``"replay":
 true``, has TLC dump each one's whole reachable state graph
 (:mod:`model_checks.state_graph`, cached under ``build/graphs/``) and replays
-it through ``htmqc.core.ConsumerCore``, one core per member, imported the
-normal way (a mutated copy of ``htmqc/core`` first on ``PYTHONPATH`` is what
-gets tested). It prints, per model, the states and edges checked and the
-seconds taken, and exits 0; at the first disagreement it prints one line
-(model, action, member/partition, state numbers, what differs) and exits 1.
-Bad usage exits 2.
+it through ``htmqc.core``: one ``ConsumerCore`` and one ``Gate`` per member,
+failures decided by ``failures.decide`` (inside ``ConsumerCore.failed``),
+imported the normal way (a mutated copy of ``htmqc/core`` first on
+``PYTHONPATH`` is what gets tested). It prints, per model, the states and
+edges checked and the seconds taken, and exits 0; at the first disagreement
+it prints one line (model, action, member/partition, state numbers, what
+differs) and exits 1. Bad usage exits 2.
 
 How
 ---
 States are visited in TLC's (breadth-first) order. Each reachable state gets
-one *core state*: a core per member plus its epoch history (the refinement
-mapping's history variable, :mod:`model_checks.refinement`), reached along
-some path. For every edge ``s -[A]-> t`` the cores of ``s`` are copied
-(``copy.deepcopy``), the core call(s) action ``A`` stands for are made on the
-acting member's copy, and:
+one *core state*: per member a core, a gate, librdkafka's pause flags and the
+epoch history (the refinement mapping's history variable,
+:mod:`model_checks.refinement`), reached along some path. For every edge
+``s -[A]-> t`` the acting member's core state is copied, the calls action
+``A`` stands for are made on the copy, and the gate's actions are carried out
+as the runtime does (:meth:`Replay._do`: Drop revokes the partition in the
+core, Claim assigns it at the durable position and reports ``claimed``, Pause
+and Resume set librdkafka's flag, Seek must go to the claimed position or the
+waiting record and moves librdkafka's fetch position; the actions must come in
+the documented order). A fetch must start where librdkafka's position is (set
+by an assignment at the claimed position, or by a Seek). Then:
 
-1. **state**: the mapped core (:func:`model_checks.refinement.core_view`)
-   must equal the abstraction of ``t``'s view for every member and
-   partition (the other members' views must be unchanged);
-2. **decisions**: what the call hands out must be what ``t`` shows: the
+1. **state**: the mapped core and gate (:func:`model_checks.refinement.core_view`,
+   :func:`~model_checks.refinement.core_gate`) must equal the abstraction of
+   ``t``'s view and gate for every member and partition (the other members'
+   must be unchanged);
+2. **decisions**: what the calls hand out must be what ``t`` shows: the
    offsets ``fetched`` returns to run (those ``t`` has Pending);
-   ``failed``'s :class:`RetryAt` or :class:`DeadLetter` (Retrying or Failed in
-   ``t``, with the attempt count); ``commit_requested``'s offset, epoch and
-   ``finished_above`` (the answer in ``t``'s ``net``, and when stored,
-   ``t``'s ``durable`` and ``durableAbove``: the exactly-once payload);
-   ``revoked``'s final commit; the booleans of the lifecycle events, acks
-   and commit failures (False exactly when the model ignores the event as
-   late).
+   ``failed``'s decision for the facts the model chose (``t``'s ``fate``):
+   ``RetryAt`` (held or not), ``HandOff`` to the retry topic, or
+   ``DeadLetter`` of the model's kind, with the attempt count;
+   ``commit_requested``'s offset, epoch and ``finished_above`` (the answer in
+   ``t``'s ``net``, and when stored, ``t``'s ``durable`` and
+   ``durableAbove``: the exactly-once payload), or for a stale fence token
+   the roll-back (``Gate.rolled_back``); ``revoked``'s final commit; the
+   record a hand-off writes (its attempts); the booleans of the lifecycle
+   events, acks and commit failures (False exactly when the model ignores the
+   event as late); the gate's actions.
 
 Lifecycle events of a single offset are made twice, on two copies: the single
 form (``succeeded``) and the batch form with that one offset
@@ -41,9 +52,10 @@ form (``succeeded``) and the batch form with that one offset
 
 The parameters of an action (TLC's label is only its name) are read off the
 two states: the view that changed, the offset whose state changed, the
-running handler or the answer that left. Environment actions
-(``SessionExpired``, ``AnswerLost``) make no core call: every view must stay
-as it was.
+running handler or the answer that left, the holds that changed.
+Environment actions (``SessionExpired``, ``AnswerLost``, ``RacingClaim``,
+``RecordDue``) make no call: every member's view and gate must stay as they
+were.
 
 **Refusals.** Every state is also checked for what the model cannot do from
 it. For each member and held partition, on a copy of the core (whose
@@ -52,7 +64,8 @@ fingerprint must not change):
 * a lifecycle event on an offset whose spec state is not the event's source
   state (the source states are read from the graph's own edges) must raise
   ``IllegalTransition``, in single and batch form, alone, next to an offset
-  that could move (all or nothing) and twice in one batch;
+  that could move (all or nothing) and twice in one batch; so must
+  ``started``/``retry_due`` while the gate drains the partition;
 * every event tagged with a stale epoch (each core epoch this member had
   before, and 0, never handed out) must be ignored (``False``/``None``/no
   offsets);
@@ -60,13 +73,20 @@ fingerprint must not change):
 * with no ``CommitRequested`` edge from the state for that partition,
   ``commit_requested`` must hand out nothing.
 
-Cost. Cores are copied by pickling (each state keeps its members' pickled
-cores, shared between states). An edge's check is a function of the acting
-member's core and the parts of the two states it reads (that member's view
-and handlers, the network, the durable positions, ownership); edges that agree
-on all of them get the same verdict, so it is computed once and reused.
-Refusals are likewise checked once per member core state. Every edge is still
-covered; only identical computations are skipped.
+For each member and partition its gate has, on a copy of the gate: every
+event ``GateTable`` of ``Consumer.tla`` has no edge for in the partition's
+state must raise ``IllegalTransition`` (``assigned``, ``claimed``,
+``retry_wait``, ``revoking``, ``revoked``); and ``tick`` before any grace or
+due time must do nothing.
+
+Cost. Core states are copied by pickling (each state keeps its members'
+pickled core states, shared between states). An edge's check is a function
+of the acting member's core state and the parts of the two states it reads
+(that member's view, gate and handlers, the network, the durable positions,
+the fences, ownership, the retry topic); edges that agree on all of them get
+the same verdict, so it is computed once and reused. Refusals are likewise
+checked once per member core state. Every edge is still covered; only
+identical computations are skipped.
 """
 
 from __future__ import annotations
@@ -75,6 +95,7 @@ import argparse
 import copy
 import json
 import pickle
+import re
 import sys
 import time
 from collections import deque
@@ -87,28 +108,40 @@ from htmqc.core import (
     Commit,
     ConsumerCore,
     DeadLetter,
+    DeadLetterKind,
     FailureKind,
+    HandOff,
     IllegalTransition,
     RetryAt,
     RetryPolicy,
 )
+from htmqc.core.failures import Failure, RetryTopic
+from htmqc.core.gate import Claim, Drop, Gate, GateAction, GateState, Hold, Pause, Resume, Seek
 from htmqc.errors import HtmqcError, UsageError
 from model_checks.refinement import (
     EpochHistory,
     MappingError,
+    core_gate,
     core_view,
     difference,
+    gate_difference,
+    spec_gate,
     spec_view,
     topic_partition,
 )
-from model_checks.state_graph import StateGraph, load_graph
+from model_checks.state_graph import StateGraph, load_graph, parse_value
 from model_checks.tlc import TLA_DIR
 
 MANIFEST = TLA_DIR / "manifest.json"
 #: The variables of Consumer.tla the replay reads.
 VARIABLES = frozenset(
-    {"owner", "epoch", "fence", "down", "view", "work", "net", "durable", "durableAbove"}
+    {
+        "owner", "epoch", "fence", "down", "view", "work", "net", "durable", "durableAbove",
+        "gate", "told", "kpaused", "holds", "breaker", "rlog", "rdue",
+    }
 )
+#: The variables of one member that only its own steps change.
+MEMBER_VARIABLES = ("view", "gate", "told", "kpaused", "holds")
 #: Lifecycle actions: the core calls for one offset (single form, batch form).
 LIFECYCLE: dict[str, tuple[str, str | None]] = {
     "Started": ("started", "started_many"),
@@ -116,9 +149,37 @@ LIFECYCLE: dict[str, tuple[str, str | None]] = {
     "Succeeded": ("succeeded", "succeeded_many"),
     "Failed": ("failed", None),
     "DeadLettered": ("dead_lettered", "dead_lettered_many"),
+    "HandedOff": ("handed_off", None),
 }
+#: The model's dead-letter outcomes (named after their fact) as DLQ kinds.
+DEAD_LETTER_KINDS = {
+    "too_large": DeadLetterKind.TOO_LARGE,
+    "poison": DeadLetterKind.POISON,
+    "permanent": DeadLetterKind.PERMANENT,
+    "spent": DeadLetterKind.FAILED,
+}
+#: Clock values the replay hands the core and the gate. Times are the same on
+#: every path (a partition is always fenced at 0, a record always due at
+#: WAIT_UNTIL), so that equal core states stay equal.
 _NOW = 100.0
-_JITTER = 0.5
+FENCE_GRACE = 10.0
+WAIT_UNTIL = 1.0
+#: What the open breaker's hold lasts (``Breaker.held_for``).
+HELD_FOR = 5.0
+#: The retry policy's delays: ``jitter`` 1 ("long") waits 1 s, at least the
+#: retry topic's ``min_delay``; ``jitter`` 0 waits nothing.
+_DELAY = 1.0
+_MIN_DELAY = 0.5
+#: Gate events whose method refuses an illegal move, and how to make them.
+GATE_CALLS: dict[str, Callable[[Gate, Any], list[GateAction]]] = {
+    "assigned": lambda g, tp: g.assigned([tp]),
+    "claimed": lambda g, tp: g.claimed({tp: 0}),
+    "retry_wait": lambda g, tp: g.retry_wait(tp, 0, WAIT_UNTIL),
+    "revoking": lambda g, tp: g.revoking([tp]),
+    "revoked": lambda g, tp: g.revoked([tp]),
+}
+#: The order the gate promises for its actions (gate.GateAction).
+_ACTION_RANK = {Drop: 0, Claim: 1, Pause: 2, Seek: 3, Resume: 4}
 
 State = Mapping[str, Any]
 
@@ -142,16 +203,22 @@ class Mismatch(Exception):
         self.explanation: list[str] = []
 
 
+
 @dataclass
 class Member:
-    """One member's core and the mapping's epoch history."""
+    """One member's core state: its core, its gate, librdkafka's pause flags
+    (kept across unassign and assign) and fetch positions, and the mapping's
+    epoch history."""
 
     core: ConsumerCore
+    gate: Gate
     history: EpochHistory = field(default_factory=EpochHistory)
+    kafka: dict[Any, bool] = field(default_factory=dict)
+    position: dict[Any, int] = field(default_factory=dict)
 
 
-#: The members' cores in one state: frozen (pickled bytes, shared between
-#: states) or, for the member a step acts on, a live copy.
+#: The members' core states in one state: frozen (pickled bytes, shared
+#: between states) or, for the member a step acts on, a live copy.
 Cores = dict[str, "Member | bytes"]
 
 
@@ -200,13 +267,19 @@ def _left(s: State, t: State, var: str, member: str | None = None) -> list[Any]:
 # -- the replay ------------------------------------------------------------------------------
 
 
+
 class Replay:
     """Replays one model's state graph (see module docs)."""
 
-    def __init__(self, graph: StateGraph) -> None:
+    def __init__(self, graph: StateGraph, gate_table: Mapping[str, Mapping[str, str]]) -> None:
         self.graph = graph
+        self.gate_table = gate_table
         consts = graph.constants
         self.max_retries = int(consts.get("MaxRetries", "0"))
+        self.eos = consts.get("MODE", "").strip('"') == "exactly-once"
+        self.retry_partition = (
+            consts["RetryPartition"].strip('"') if consts.get("RetryTopic") == "TRUE" else None
+        )
         first = graph.states[graph.initial[0]]
         self.members = sorted(first["view"])
         self.partitions = sorted(first["owner"])
@@ -221,14 +294,24 @@ class Replay:
             "Assign": self._assign,
             "Restored": self._restored,
             "Crashed": self._crashed,
+            "Revoking": self._revoking,
             "Revoked": self._revoked,
             "RevokedLost": self._revoked_lost,
             "SessionExpired": self._environment,
             "AnswerLost": self._environment,
+            "RacingClaim": self._environment,
+            "RecordDue": self._environment,
+            "GraceOver": self._tick,
+            "RetryWait": self._retry_wait,
+            "RetryWaitOver": self._tick,
+            "Flow": self._holds,
+            "Trip": self._holds,
+            "Close": self._holds,
             "Fetched": self._fetched,
             "Started": self._lifecycle_offset,
             "RetryDue": self._lifecycle_offset,
             "DeadLettered": self._lifecycle_offset,
+            "HandedOff": self._lifecycle_offset,
             "Succeeded": self._completion,
             "Failed": self._completion,
             "CommitRequested": self._commit_requested,
@@ -238,8 +321,14 @@ class Replay:
         }
 
     def new_member(self) -> Member:
-        """A fresh core with the model's retry limit."""
-        return Member(ConsumerCore(RetryPolicy(max_retries=self.max_retries)))
+        """A fresh process: a core with the model's retry limit (and retry topic),
+        a gate, nothing paused."""
+        topic = (
+            RetryTopic(name=self.retry_partition, min_delay=_MIN_DELAY)
+            if self.retry_partition is not None else None
+        )
+        policy = RetryPolicy(max_retries=self.max_retries, base_delay=_DELAY, max_delay=_DELAY)
+        return Member(ConsumerCore(policy, retry_topic=topic), Gate(fence_grace=FENCE_GRACE))
 
     # -- driving ---------------------------------------------------------------------------
 
@@ -319,12 +408,14 @@ class Replay:
             done[key] = after[key[1]] if fresh else None
         return after
 
+
     def _edge_key(self, action: str, s: State, t: State, cores: Cores) -> Any:
         """What an edge's check depends on, when one member acts (else None).
 
         Edges that agree on it are checked once: the acting member's frozen
-        core, its view and handlers before and after, the network, the durable
-        positions, the ownership, and whether the other members' views stay."""
+        core state, its view, gate and handlers before and after, the network,
+        the durable positions, the fences, the ownership, the retry topic, and
+        whether the other members stay."""
         actors = [m for m in self.members if _moved(s, t, m)]
         if not actors and action in ("CommitAcked", "CommitFailed"):
             actors = [msg["member"] for msg in s["net"] - t["net"]]
@@ -332,9 +423,11 @@ class Replay:
             return None
         m = actors[0]
         return (
-            action, m, cores[m], s["view"][m], t["view"][m], s["work"][m], t["work"][m],
-            s["net"], t["net"], s["durable"], t["durable"], s["durableAbove"],
-            t["durableAbove"], m in s["down"], m in t["down"], s["owner"],
+            action, m, cores[m], s["work"][m], t["work"][m],
+            *(s[var][m] for var in MEMBER_VARIABLES), *(t[var][m] for var in MEMBER_VARIABLES),
+            s["breaker"][m], s["net"], t["net"], s["durable"], t["durable"],
+            s["durableAbove"], t["durableAbove"], s["fence"], m in s["down"], m in t["down"],
+            s["owner"], s["rlog"], t["rlog"], s["rdue"],
         )
 
     def _member(self, cores: Cores, member: str) -> Member:
@@ -350,12 +443,17 @@ class Replay:
         live = self._member(cores, member)
         return {**cores, member: live}, live
 
+
     def _compare(self, t: State, cores: Cores, member: str) -> None:
         live = cores[member]
         assert isinstance(live, Member)
         for p in self.partitions:
             core = core_view(live.core, p, live.history, self.offsets)
             diff = difference(core, spec_view(t["view"][member][p]))
+            if diff is None:
+                diff = gate_difference(
+                    core_gate(live.gate, live.kafka, p), spec_gate(t, member, p)
+                )
             if diff is not None:
                 raise Mismatch(f"{member}/{p} {diff}")
 
@@ -370,8 +468,8 @@ class Replay:
         """Compare the acting member with ``t``; the others must not have moved."""
         self._compare(t, cores, member)
         for m in self.members:
-            if m != member and s["view"][m] != t["view"][m]:
-                raise Mismatch(f"the model changed {m}'s view in a step of {member}")
+            if m != member and any(s[var][m] != t[var][m] for var in MEMBER_VARIABLES):
+                raise Mismatch(f"the model changed {m}'s view or gate in a step of {member}")
         return cores
 
     def _epoch(self, member: Member | bytes, p: str, spec_epoch: int) -> int:
@@ -381,66 +479,159 @@ class Replay:
             raise Mismatch(f"no core epoch for {p}'s assignment {spec_epoch}")
         return core_epoch
 
+    # -- the runtime: carrying out the gate's actions --------------------------------------
+
+    def _do(
+        self, member: Member, actions: list[GateAction], m: str, s: State, t: State, *,
+        claim: str = "assign", seek: Mapping[Any, int] | None = None,
+    ) -> None:
+        """Carry out ``actions`` as the runtime does (see module docs). ``claim``:
+        the core call a Claim makes (``assign``, or ``restored`` after a
+        restart); ``seek``: where a Seek must go, by partition."""
+        ranks = [_ACTION_RANK[type(a)] for a in actions]
+        if ranks != sorted(ranks) or len(ranks) - ranks.count(3) != len(set(ranks) - {3}):
+            raise Mismatch(f"{m} gate actions out of order: {_actions_text(actions)}")
+        for action in actions:
+            if isinstance(action, Drop):
+                for tp in action.tps:
+                    member.core.revoked(tp)
+            elif isinstance(action, Claim):
+                positions = {}
+                for tp in action.tps:
+                    p = tp[0]
+                    if member.gate.state(tp) is GateState.CLAIMING:
+                        # assigned: incremental_assign at the claimed position
+                        member.position[tp] = s["durable"][p]
+                    epoch = getattr(member.core, claim)(
+                        tp, s["durable"][p], sorted(s["durableAbove"][p])
+                    )
+                    member.history.record(epoch, p, t["view"][m][p]["epoch"])
+                    positions[tp] = s["durable"][p]
+                self._do(member, member.gate.claimed(positions), m, s, t, seek=positions)
+            elif isinstance(action, Pause | Resume):
+                for tp in action.tps:
+                    member.kafka[tp] = isinstance(action, Pause)
+            else:
+                want = (seek or {}).get(action.tp)
+                if want != action.offset:
+                    raise Mismatch(
+                        f"{m}/{action.tp[0]} gate seeks to {action.offset}, the runtime "
+                        f"is at {want}"
+                    )
+                member.position[action.tp] = action.offset
+
     # -- membership ------------------------------------------------------------------------
 
     def _assign(self, action: str, s: State, t: State, cores: Cores) -> Cores:
         m, p = _one(_changed_views(s, t), "assigned view")
         cores, member = self._copy(cores, m)
-        self._take(member.core.assign, member, m, p, s, t)
+        tp = topic_partition(p)
+        actions = member.gate.assigned([tp])
+        if actions != [Claim(tps=(tp,))]:
+            raise Mismatch(f"{m}/{p} assigned asks for {_actions_text(actions)}, not a claim")
+        self._do(member, actions, m, s, t)
         return self._settle(s, t, cores, m)
 
     def _restored(self, action: str, s: State, t: State, cores: Cores) -> Cores:
         m = _one(sorted(s["down"] - t["down"]), "restarted member")
         cores, member = self._copy(cores, m)
-        for p in self.partitions:
-            if s["owner"][p] == m:
-                self._take(member.core.restored, member, m, p, s, t)
+        mine = [topic_partition(p) for p in self.partitions if s["owner"][p] == m]
+        self._do(member, member.gate.assigned(mine), m, s, t, claim="restored")
         return self._settle(s, t, cores, m)
-
-    def _take(
-        self, call: Callable[[Any, int, list[int]], int], member: Member, m: str, p: str,
-        s: State, t: State,
-    ) -> None:
-        """``assign``/``restored`` at the spec's durable position of ``p``; the
-        epoch it returns goes into the history."""
-        epoch = call(topic_partition(p), s["durable"][p], sorted(s["durableAbove"][p]))
-        member.history.record(epoch, p, t["view"][m][p]["epoch"])
 
     def _crashed(self, action: str, s: State, t: State, cores: Cores) -> Cores:
         m = _one(sorted(t["down"] - s["down"]), "crashed member")
         cores, member = self._copy(cores, m)
         member.core.crashed()
+        # A new process: a new gate, a new librdkafka (nothing paused).
+        member.gate = Gate(fence_grace=FENCE_GRACE)
+        member.kafka = {}
+        member.position = {}
+        return self._settle(s, t, cores, m)
+
+    def _gate_moved(self, s: State, t: State) -> tuple[str, str]:
+        moved: tuple[str, str] = _one(
+            [(m, p) for m in self.members for p in self.partitions
+             if s["gate"][m][p] != t["gate"][m][p]],
+            "partition whose gate moved",
+        )
+        return moved
+
+    def _revoking(self, action: str, s: State, t: State, cores: Cores) -> Cores:
+        m, p = self._gate_moved(s, t)
+        cores, member = self._copy(cores, m)
+        tp = topic_partition(p)
+        self._do(member, member.gate.revoking([tp]), m, s, t)
+        member.core.revoking(tp)
         return self._settle(s, t, cores, m)
 
     def _revoked(self, action: str, s: State, t: State, cores: Cores) -> Cores:
-        m, p = _one(_changed_views(s, t), "revoked view")
+        m, p = self._gate_moved(s, t)
         cores, member = self._copy(cores, m)
-        commit = member.core.revoked(topic_partition(p))
+        tp = topic_partition(p)
+        commit = member.core.revoked(tp)
+        stored = (t["durable"][p], t["durableAbove"][p])
         if commit is None:
-            if (t["durable"][p], t["durableAbove"][p]) != (s["durable"][p], s["durableAbove"][p]):
+            if stored != (s["durable"][p], s["durableAbove"][p]):
                 raise Mismatch(
                     f"{m}/{p} revoked: the model stores a final commit, the core hands out none"
                 )
         else:
             self._check_commit(commit, m, p, s["view"][m][p]["epoch"], member)
-            stored = (t["durable"][p], t["durableAbove"][p])
-            if stored != (commit.offset, frozenset(commit.finished_above)):
-                raise Mismatch(
-                    f"{m}/{p} revoked: final commit {_commit_text(commit)}, "
-                    f"model stores offset {stored[0]} above {sorted(stored[1])}"
-                )
+            if self._accepted(s, m, p):
+                if stored != (commit.offset, frozenset(commit.finished_above)):
+                    raise Mismatch(
+                        f"{m}/{p} revoked: final commit {_commit_text(commit)}, "
+                        f"model stores offset {stored[0]} above {sorted(stored[1])}"
+                    )
+            elif stored != (s["durable"][p], s["durableAbove"][p]):
+                raise Mismatch(f"{m}/{p} revoked: the model stores a fenced final commit")
+        self._do(member, member.gate.revoked([tp]), m, s, t)
+        member.position.pop(tp, None)  # incremental_unassign
         return self._settle(s, t, cores, m)
 
     def _revoked_lost(self, action: str, s: State, t: State, cores: Cores) -> Cores:
-        m, p = _one(_changed_views(s, t), "lost view")
+        m, p = self._gate_moved(s, t)
         cores, member = self._copy(cores, m)
-        member.core.revoked(topic_partition(p))
+        tp = topic_partition(p)
+        self._do(member, member.gate.lost([tp]), m, s, t)
+        member.position.pop(tp, None)  # incremental_unassign
         return self._settle(s, t, cores, m)
 
     def _environment(self, action: str, s: State, t: State, cores: Cores) -> Cores:
-        if s["view"] != t["view"]:
-            raise Mismatch("an environment step changed a member's view")
+        for var in MEMBER_VARIABLES:
+            if s[var] != t[var]:
+                raise Mismatch(f"an environment step changed a member's {var}")
         return cores
+
+    # -- the gate's own steps --------------------------------------------------------------
+
+    def _tick(self, action: str, s: State, t: State, cores: Cores) -> Cores:
+        """GraceOver, RetryWaitOver: the gate's tick when the grace ends or the
+        record is due."""
+        m, _ = self._gate_moved(s, t)
+        cores, member = self._copy(cores, m)
+        now = FENCE_GRACE if action == "GraceOver" else WAIT_UNTIL
+        self._do(member, member.gate.tick(now), m, s, t)
+        return self._settle(s, t, cores, m)
+
+    def _retry_wait(self, action: str, s: State, t: State, cores: Cores) -> Cores:
+        m, p = self._gate_moved(s, t)
+        cores, member = self._copy(cores, m)
+        tp = topic_partition(p)
+        offset = s["view"][m][p]["next"]
+        self._do(member, member.gate.retry_wait(tp, offset, WAIT_UNTIL), m, s, t,
+                 seek={tp: offset})
+        return self._settle(s, t, cores, m)
+
+    def _holds(self, action: str, s: State, t: State, cores: Cores) -> Cores:
+        m = _one([m for m in self.members if s["holds"][m] != t["holds"][m]], "member")
+        cores, member = self._copy(cores, m)
+        for name in sorted(t["holds"][m] - s["holds"][m]):
+            self._do(member, member.gate.hold(Hold(name.lower())), m, s, t)
+        for name in sorted(s["holds"][m] - t["holds"][m]):
+            self._do(member, member.gate.unhold(Hold(name.lower())), m, s, t)
+        return self._settle(s, t, cores, m)
 
     # -- fetching and the lifecycle --------------------------------------------------------
 
@@ -448,11 +639,21 @@ class Replay:
         m, p = _one(_changed_views(s, t), "fetching view")
         sv, tv = s["view"][m][p], t["view"][m][p]
         cores, member = self._copy(cores, m)
+        tp = topic_partition(p)
+        if not member.gate.fetching(tp) or member.kafka.get(tp, False):
+            raise Mismatch(
+                f"{m}/{p} fetched: the gate lets nothing through (state "
+                f"{member.gate.state(tp).value}, paused {member.kafka.get(tp, False)})"
+            )
+        if member.position.get(tp) != sv["next"]:
+            raise Mismatch(
+                f"{m}/{p} fetched from {sv['next']}, librdkafka's position is "
+                f"{member.position.get(tp)} (a claim without its Seek?)"
+            )
+        member.position[tp] = tv["next"]
         arrived = [o for o in range(sv["next"], tv["next"]) if tv["st"][o] != "None"]
         run = list(
-            member.core.fetched(
-                topic_partition(p), self._epoch(member, p, sv["epoch"]), arrived, tv["next"]
-            )
+            member.core.fetched(tp, self._epoch(member, p, sv["epoch"]), arrived, tv["next"])
         )
         expected = [o for o in arrived if tv["st"][o] == "Pending"]
         if run != expected:
@@ -472,6 +673,8 @@ class Replay:
         m, p, o = self._moved_offset(s, t)
         single, batch = LIFECYCLE[action]
         epoch = self._epoch(cores[m], p, s["view"][m][p]["epoch"])
+        if action == "HandedOff":
+            self._check_record(cores[m], s, t, m, p, o)
         results = []
         for name, arg in ((single, o), (batch, [o])):
             if name is None:
@@ -483,6 +686,29 @@ class Replay:
             self._settle(s, t, copied, m)
             results.append(copied)
         return results[0]
+
+    def _check_record(
+        self, frozen: Member | bytes, s: State, t: State, m: str, p: str, o: int
+    ) -> None:
+        """The retry-topic record a hand-off writes: the message, and the attempts
+        the core counted (the HandOff decision's, which the runtime writes)."""
+        live = frozen if isinstance(frozen, Member) else pickle.loads(frozen)
+        record = _one(t["rlog"][len(s["rlog"]):], "record written")
+        counted = live.core.tracker(topic_partition(p)).failures(o) + self._prior(s, p, o)
+        source = self._source(s, p, o)
+        if (record["p"], record["o"], record["attempt"]) != (*source, counted):
+            raise Mismatch(
+                f"{m}/{p} handed_off({o}): the model writes {dict(record)}, the core "
+                f"counted {counted} attempts of {source}"
+            )
+
+    def _source(self, s: State, p: str, o: int) -> tuple[str, int]:
+        if p == self.retry_partition:
+            return str(s["rlog"][o]["p"]), int(s["rlog"][o]["o"])
+        return p, o
+
+    def _prior(self, s: State, p: str, o: int) -> int:
+        return int(s["rlog"][o]["attempt"]) if p == self.retry_partition else 0
 
     def _completion(self, action: str, s: State, t: State, cores: Cores) -> Cores:
         m = _one([m for m in self.members if s["work"][m] != t["work"][m]], "member")
@@ -506,23 +732,40 @@ class Replay:
             return results[0]
         cores, member = self._copy(cores, m)
         tv = t["view"][m][p]
-        attempts = tv["fails"][o]
-        if not taken:
-            kind = FailureKind.UNKNOWN
-        elif tv["st"][o] == "Retrying":
-            kind = FailureKind.RETRYABLE
-        else:
-            kind = FailureKind.PERMANENT if attempts <= self.max_retries else FailureKind.UNKNOWN
-        decision = member.core.failed(tp, epoch, o, kind, _NOW, _JITTER)
-        expected = _expected_failure(taken, tv["st"][o], attempts, kind)
+        fate: Mapping[str, Any] = (
+            tv["fate"][o] if taken else {"facts": frozenset(), "out": "none"}
+        )
+        facts = fate["facts"]
+        retry_topic = p == self.retry_partition
+        failure = Failure(
+            kind=FailureKind.PERMANENT if "permanent" in facts else FailureKind.UNKNOWN,
+            poison="poison" in facts,
+            too_large="too_large" in facts,
+            from_retry_topic=retry_topic and taken,
+            prior_attempts=self._prior(s, p, o) if taken else 0,
+        )
+        held_for = HELD_FOR if s["breaker"][m] == "Open" else None
+        jitter = 1.0 if "long" in facts else 0.0
+        decision = member.core.failed(tp, epoch, o, failure, _NOW, jitter, held_for=held_for)
+        attempts = tv["fails"][o] + self._prior(s, p, o) if taken else 0
+        expected = _expected_failure(taken, fate["out"], attempts, self.retry_partition)
         got = _decision_text(decision, epoch)
         if got != expected:
             raise Mismatch(
-                f"{m}/{p} failed({o}, {kind.value}) decides {got}, the model {expected}"
+                f"{m}/{p} failed({o}) with facts {sorted(facts)}"
+                f"{', breaker open' if held_for is not None else ''} decides {got}, "
+                f"the model {expected}"
             )
         return self._settle(s, t, cores, m)
 
     # -- commits ---------------------------------------------------------------------------
+
+    def _accepted(self, s: State, m: str, p: str) -> bool:
+        """Whether the store takes m's commit of p in ``s`` (the spec's Accepted)."""
+        if self.eos:
+            fence = self.graph.constants.get("FENCE", "TRUE") == "TRUE"
+            return not fence or s["view"][m][p]["token"] == s["fence"][p]
+        return bool(s["owner"][p] == m)
 
     def _check_commit(
         self, commit: Commit, m: str, p: str, spec_epoch: int, member: Member
@@ -538,23 +781,33 @@ class Replay:
             raise Mismatch(f"{m}/{p} commit {_commit_text(commit)}: finished_above is malformed")
 
     def _commit_requested(self, action: str, s: State, t: State, cores: Cores) -> Cores:
-        m, p = _one(_changed_views(s, t), "committing view")
+        changed = _changed_views(s, t)
+        if len(changed) > 1:  # a roll-back: the stale partition is fenced (or leaving)
+            changed = [(m, p) for m, p in changed if t["gate"][m][p] in ("Fenced", "Leaving")]
+        m, p = _one(changed, "committing view")
         cores, member = self._copy(cores, m)
         sv, tv = s["view"][m][p], t["view"][m][p]
-        commit = member.core.commit_requested(topic_partition(p))
+        tp = topic_partition(p)
+        commit = member.core.commit_requested(tp)
         if commit is None:
             raise Mismatch(f"{m}/{p} commit_requested hands out nothing, the model commits")
         self._check_commit(commit, m, p, sv["epoch"], member)
         answer = {"member": m, "part": p, "epoch": sv["epoch"], "off": commit.offset}
+        unchanged = (
+            (t["durable"][p], t["durableAbove"][p]) == (s["durable"][p], s["durableAbove"][p])
+        )
+        if self.eos and not self._accepted(s, m, p):
+            # The sink raised Fenced: the transaction rolled back.
+            if not (unchanged and t["net"] == s["net"]):
+                raise Mismatch(f"{m}/{p} the model stores a commit with a stale fence token")
+            self._do(member, member.gate.rolled_back([tp], 0.0), m, s, t)
+            return self._settle(s, t, cores, m)
         stored = (
             t["durable"][p] == commit.offset
             and t["durableAbove"][p] == frozenset(commit.finished_above)
             and _has_answer(t["net"], answer, ok=True)
         )
-        refused = (
-            (t["durable"][p], t["durableAbove"][p]) == (s["durable"][p], s["durableAbove"][p])
-            and _has_answer(t["net"], answer, ok=False)
-        )
+        refused = unchanged and _has_answer(t["net"], answer, ok=False) and not self.eos
         if not (stored or refused):
             raise Mismatch(
                 f"{m}/{p} commit_requested hands out {_commit_text(commit)}; the model "
@@ -607,6 +860,7 @@ class Replay:
             )
         return self._settle(s, t, cores, m)
 
+
     # -- refusals --------------------------------------------------------------------------
 
     def _sources(self) -> dict[str, frozenset[str]]:
@@ -638,18 +892,55 @@ class Replay:
         s = self.graph.states[ident]
         committing = self._commits_from(ident)
         for m in self.members:
+            gate_key = (m, cores[m], s["gate"][m])
+            if gate_key not in self._refused:
+                self._gate_refusals(self._member(cores, m), m, s)
+                self._refused.add(gate_key)
             for p in self.partitions:
                 sv = s["view"][m][p]
                 if not sv["held"]:
                     continue
-                key = (m, p, cores[m], (m, p) in committing)
+                draining = s["gate"][m][p] == "Draining"
+                key = (m, p, cores[m], (m, p) in committing, draining)
                 if key in self._refused:
                     continue
-                self._refusals_of(self._member(cores, m), m, p, sv, (m, p) in committing)
+                self._refusals_of(
+                    self._member(cores, m), m, p, sv, (m, p) in committing, draining
+                )
                 self._refused.add(key)
 
+    def _gate_refusals(self, member: Member, m: str, s: State) -> None:
+        """What the model's gate cannot do, m's gate must refuse (module docs)."""
+        gate = member.gate
+        before = _gate_fingerprint(gate)
+        for p in self.partitions:
+            state = s["gate"][m][p]
+            tp = topic_partition(p)
+            for event, call in GATE_CALLS.items():
+                if event in self.gate_table[state]:
+                    continue
+                probe = copy.deepcopy(gate)
+                try:
+                    result = call(probe, tp)
+                except IllegalTransition:
+                    result = None
+                self.refusals += 1
+                if result is None:
+                    if _gate_fingerprint(probe) != before:
+                        raise Mismatch(f"{m}/{p} gate {event} refused when {state}, but moved")
+                    continue
+                raise Mismatch(
+                    f"{m}/{p} gate {event} when {state} answered {_actions_text(result)}, "
+                    "the model has no such edge"
+                )
+        probe = copy.deepcopy(gate)
+        early = probe.tick(WAIT_UNTIL / 2)
+        self.refusals += 1
+        if early or _gate_fingerprint(probe) != before:
+            raise Mismatch(f"{m} gate tick before any grace or due time: {_actions_text(early)}")
+
     def _refusals_of(self, member: Member, m: str, p: str, sv: Mapping[str, Any],
-                     may_commit: bool) -> None:
+                     may_commit: bool, draining: bool) -> None:
         probe = member
         core = probe.core
         before = pickle.dumps(core, protocol=pickle.HIGHEST_PROTOCOL)
@@ -677,6 +968,8 @@ class Replay:
             sources = self.sources.get(action)
             if sources is None:
                 continue
+            if draining and action in ("Started", "RetryDue"):
+                sources = frozenset()  # nothing starts while the partition drains
             good = [o for o in self.offsets if st[o] in sources]
             for o in self.probe_offsets:
                 if st[o] in sources:
@@ -735,6 +1028,7 @@ class Replay:
             unchanged("commit_requested with nothing due")
 
 
+
 # -- helpers ---------------------------------------------------------------------------------
 
 
@@ -745,7 +1039,7 @@ def _raised(exc: Exception) -> str:
 
 def _call(core: ConsumerCore, name: str, tp: Any, epoch: int, arg: Any) -> Callable[[], object]:
     if name == "failed":
-        return lambda: core.failed(tp, epoch, arg, FailureKind.UNKNOWN, _NOW, _JITTER)
+        return lambda: core.failed(tp, epoch, arg, FailureKind.UNKNOWN, _NOW, 0.0)
     method = getattr(core, name)
     return lambda: method(tp, epoch, arg)
 
@@ -758,33 +1052,49 @@ def _commit_text(commit: Commit) -> str:
     return f"offset {commit.offset} above {list(commit.finished_above)} (epoch {commit.epoch})"
 
 
-def _expected_failure(taken: bool, to: str, attempts: int, kind: FailureKind) -> str:
+def _actions_text(actions: Sequence[GateAction]) -> str:
+    if not actions:
+        return "nothing"
+    return ", ".join(
+        f"{type(a).__name__}({a.tp[0]}@{a.offset})" if isinstance(a, Seek)
+        else f"{type(a).__name__}({', '.join(tp[0] for tp in a.tps)})"
+        for a in actions
+    )
+
+
+def _expected_failure(taken: bool, out: str, attempts: int, retry_topic: str | None) -> str:
+    """The model's outcome ``out`` (a FailureRules name, or "retry") as text."""
     if not taken:
         return "nothing (late)"
-    if to == "Retrying":
-        return f"retry, attempt {attempts}"
-    return f"dead letter after {attempts} attempts (permanent={kind is FailureKind.PERMANENT})"
+    if out in ("retry", "held"):
+        return f"{'hold' if out == 'held' else 'retry'}, attempt {attempts}"
+    if out == "to_topic":
+        return f"hand-off to {retry_topic}, attempt {attempts}"
+    return f"dead letter {DEAD_LETTER_KINDS[out].value} after {attempts} attempts"
 
 
 def _decision_text(decision: object, epoch: int) -> str:
     if decision is None:
         return "nothing (late)"
-    if not isinstance(decision, RetryAt | DeadLetter):
+    if not isinstance(decision, RetryAt | HandOff | DeadLetter):
         return f"an unexpected {type(decision).__name__}"
     if decision.epoch != epoch:
         return f"a decision of epoch {decision.epoch}, not {epoch}"
     if isinstance(decision, RetryAt):
-        return f"retry, attempt {decision.attempt}"
-    return f"dead letter after {decision.attempts} attempts (permanent={decision.permanent})"
+        held = decision.at == _NOW + HELD_FOR
+        return f"{'hold' if held else 'retry'}, attempt {decision.attempt}"
+    if isinstance(decision, HandOff):
+        return f"hand-off to {decision.topic}, attempt {decision.attempt}"
+    return f"dead letter {decision.kind.value} after {decision.attempts} attempts"
 
 
 def _moved(s: State, t: State, m: str) -> bool:
-    """Whether member ``m``'s view, handlers or liveness differ between the states."""
-    a, b = s["view"][m], t["view"][m]
-    if a is not b and a != b:
-        return True
-    a, b = s["work"][m], t["work"][m]
-    return (a is not b and a != b) or ((m in s["down"]) != (m in t["down"]))
+    """Whether member ``m``'s view, gate, handlers or liveness differ between the states."""
+    for var in (*MEMBER_VARIABLES, "work", "breaker"):
+        a, b = s[var][m], t[var][m]
+        if a is not b and a != b:
+            return True
+    return (m in s["down"]) != (m in t["down"])
 
 
 def _freeze(cores: Cores) -> Cores:
@@ -809,6 +1119,30 @@ def _normal(value: Any) -> Any:
 def _fingerprint(core: ConsumerCore) -> Any:
     """The core's whole state, insensitive to dict and set order."""
     return _normal(vars(core))
+
+
+def _gate_fingerprint(gate: Gate) -> Any:
+    """The gate's whole state, insensitive to dict and set order."""
+    return (_normal(gate.snapshot()), tuple(sorted(gate._timed)))
+
+
+_GATE_TABLE = re.compile(r"\\\* BEGIN GateTable\nGateTable == (.*?)\n\\\* END GateTable", re.S)
+
+
+def gate_table(tla_dir: Path = TLA_DIR) -> dict[str, dict[str, str]]:
+    """``GateTable`` of ``Consumer.tla``: ``state -> event -> state``.
+
+    :raises UsageError: the table is not where the markers say.
+    """
+    found = _GATE_TABLE.search((tla_dir / "Consumer.tla").read_text())
+    if found is None:
+        raise UsageError(
+            "no GateTable between BEGIN/END markers in tla/Consumer.tla", "restore the markers"
+        )
+    table: dict[str, dict[str, str]] = {
+        state: dict(row) for state, row in parse_value(found.group(1)).items()
+    }
+    return table
 
 
 # -- entry points ----------------------------------------------------------------------------
@@ -855,7 +1189,7 @@ def replay_graph(graph: StateGraph, *, cached: bool = False) -> ReplayStats:
     :raises Mismatch: the first disagreement (with its :func:`explain`).
     """
     started = time.perf_counter()
-    replay = Replay(graph)
+    replay = Replay(graph, gate_table())
     try:
         refusals = replay.run()
     except Mismatch as exc:

@@ -6,19 +6,22 @@ module is what :mod:`model_checks.graph_replay` checks.
 What is mapped
 --------------
 One :class:`~htmqc.core.ConsumerCore` per group member stands for that
-member's ``view[m]`` (its PartitionTracker per partition). The rest of the
-spec's state (``owner``, ``epoch``, ``fence``, ``down``, ``work``, ``net``,
-``durable``, ``durableAbove``, ``effects``, ``dead``) is the environment:
-coordinator, sink, network, running handlers. It has no counterpart in the
-core and is taken from the model as it is.
+member's ``view[m]`` (its PartitionTracker per partition), one
+:class:`~htmqc.core.gate.Gate` per member for its ``gate[m]``, ``told[m]`` and
+``holds[m]`` (see *The gate*). The rest of the spec's state (``owner``,
+``epoch``, ``fence``, ``down``, ``work``, ``net``, ``durable``,
+``durableAbove``, ``effects``, ``dead``, ``breaker``, ``rlog``, ``rdue``) is
+the environment: coordinator, sink, network, running handlers, the circuit
+breaker, the retry topic. It has no counterpart in the core and is taken from
+the model as it is.
 
 Names. Spec partition ``p`` is the topic-partition ``(p, 0)``
 (:func:`topic_partition`).
 
-Epochs. The spec's ``epoch[p]`` counts assignments of ``p`` group-wide; the
-core's epoch counts assignments in one process (``ConsumerCore._last_epoch``).
-They are different numbers for the same event, so the mapping carries a
-*history variable*, :class:`EpochHistory`: when ``assign``/``restored``
+Epochs. The spec's ``epoch[p]`` counts claims of ``p`` group-wide (assignments,
+restarts, reclaims); the core's epoch counts assignments in one process
+(``ConsumerCore._last_epoch``). They are different numbers for the same event,
+so the mapping carries a *history variable*, :class:`EpochHistory`: when ``assign``/``restored``
 returns core epoch ``c`` for the assignment the spec numbers ``e``, it
 records ``c -> (p, e)``. A view's ``epoch`` is then ``history[core.epoch(tp)]``
 and an event the spec tags with ``(p, e)`` is passed to the core with the
@@ -50,6 +53,26 @@ field           core (``PartitionTracker`` t)      spec (``view[m][p]`` v)
 ``skip``        ``t._skip``                        ``v.skip``
 ==============  =================================  =================================
 
+The gate
+--------
+One :class:`~htmqc.core.gate.Gate` per member stands for that member's
+``gate[m]``, ``told[m]`` and ``holds[m]``; the replay keeps, per member, the
+pause flag librdkafka would have per partition (set by the gate's Pause and
+Resume actions only, kept across unassign and assign, cleared by a crash)
+for ``kpaused[m]``. :func:`core_gate` maps them to the record
+:func:`spec_gate` makes of the model:
+
+==============  =================================  =================================
+field           code                               spec
+==============  =================================  =================================
+``state``       ``gate.state(tp).value``           ``gate[m][p]``
+``told``        ``Gate._Part.paused``: ``None``    ``told[m][p]``
+                "unknown", ``True`` "paused",
+                ``False`` "resumed"
+``paused``      the replay's librdkafka flag       ``kpaused[m][p]``
+``holds``       ``gate.holds`` (values upper-case) ``holds[m]``
+==============  =================================  =================================
+
 Not mapped: the spec's ``token`` (the runtime keeps the fence token it got
 from ``Sink.claim``, not the core) and ``pending`` (effects in the open sink
 transaction). The core forgets how a finished offset finished and does not
@@ -63,6 +86,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from htmqc.core import ConsumerCore, PartitionTracker, TopicPartition
+from htmqc.core.gate import Gate
 
 #: The spec's lifecycle states in which an offset holds back the watermark.
 LIVE = frozenset({"Pending", "Processing", "Failed", "Retrying"})
@@ -200,4 +224,44 @@ def difference(core: View, spec: View) -> str | None:
         return (
             f"skip: core {sorted(core.get('skip') or ())} != model {sorted(spec.get('skip') or ())}"
         )
+    return None
+
+
+# -- the gate ------------------------------------------------------------------------------
+
+#: ``Gate._Part.paused`` as the spec's ``told``.
+TOLD = {None: "unknown", True: "paused", False: "resumed"}
+
+
+def core_gate(gate: Gate, kafka: Mapping[TopicPartition, bool], partition: str) -> View:
+    """The abstraction of ``gate`` (and the librdkafka flags ``kafka``) for
+    ``partition`` (see module docs)."""
+    tp = topic_partition(partition)
+    part = gate._parts.get(tp)
+    return {
+        "state": gate.state(tp).value,
+        "told": TOLD[part.paused if part is not None else None],
+        "paused": kafka.get(tp, False),
+        "holds": frozenset(h.value.upper() for h in gate.holds),
+    }
+
+
+def spec_gate(state: Mapping[str, Any], member: str, partition: str) -> View:
+    """The abstraction of the model's gate of ``member`` for ``partition``."""
+    return {
+        "state": state["gate"][member][partition],
+        "told": state["told"][member][partition],
+        "paused": state["kpaused"][member][partition],
+        "holds": frozenset(state["holds"][member]),
+    }
+
+
+def gate_difference(core: View, spec: View) -> str | None:
+    """The first field where the two gate abstractions differ, as text, or None."""
+    for name in ("state", "told", "paused", "holds"):
+        if core[name] != spec[name]:
+            a, b = core[name], spec[name]
+            if isinstance(a, frozenset):
+                a, b = sorted(a), sorted(b)
+            return f"gate {name}: code {a!r} != model {b!r}"
     return None

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from proofs import arith, differential, epochs, tracker
+from proofs import arith, differential, epochs, failures, gate, tracker
 from proofs.obligation import Obligation, Outcome, discharge
 
 REPORT = Path("build/proofs/report.json")
@@ -22,6 +22,10 @@ def all_obligations() -> Iterator[Obligation]:
     yield from tracker.obligations()
     yield from epochs.obligations()
     yield from arith.obligations()
+    yield from gate.obligations()
+    yield from gate.mutants()
+    yield from failures.obligations()
+    yield from failures.mutants()
 
 
 def run(obligations: Iterable[Obligation], echo: bool = True) -> list[Outcome]:

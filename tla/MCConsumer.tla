@@ -13,9 +13,16 @@ SmallLog == [p \in SmallPartitions |-> {0, 2}]
 SmallEnd == [p \in SmallPartitions |-> 3]
 
 \* tiny: one message after a gap (for the costly runs: zombies, two workers,
-\* liveness).
+\* liveness, the gate).
 TinyLog == [p \in SmallPartitions |-> {1}]
 TinyEnd == [p \in SmallPartitions |-> 2]
+
+\* one message, no gap (the retry topic's models).
+OneLog == [p \in SmallPartitions |-> {0}]
+OneEnd == [p \in SmallPartitions |-> 1]
+
+\* the data partition and the retry topic's partition "r".
+RetryPartitions == {"p1", "r"}
 
 \* medium: two partitions, one with a gap, one with a single message.
 MediumPartitions == {"p1", "p2"}

@@ -45,7 +45,6 @@
 (*   - claims of p by other members (the fence token jumps): a hidden      *)
 (*     FenceJump step, only while M does not hold p and only up to the     *)
 (*     fence of the next assign line of p;                                 *)
-(*   - `revoking` (draining) is not modelled: a stuttering step.           *)
 (* The trace belongs to one member, M. Its first assignment of p starts    *)
 (* at Start[p] (StartAbove[p] above it): earlier members finished what is  *)
 (* below, so TraceInit is Init with those positions durable and done.      *)
@@ -81,6 +80,15 @@ TraceInit ==
     /\ dead = [p \in Partitions |-> {}]
     /\ crashes = 0
     /\ expiries = 0
+    /\ gate = [m \in Members |-> [p \in Partitions |-> "Unassigned"]]
+    /\ told = [m \in Members |-> [p \in Partitions |-> "unknown"]]
+    /\ kpaused = [m \in Members |-> [p \in Partitions |-> FALSE]]
+    /\ holds = [m \in Members |-> {}]
+    /\ breaker = [m \in Members |-> "Closed"]
+    /\ trips = 0
+    /\ races = 0
+    /\ rlog = <<>>
+    /\ rdue = {}
     /\ i = 0
     /\ cepoch = [p \in Partitions |-> 0]
     /\ top = 0
@@ -197,7 +205,7 @@ Step(l) ==
       [] l.ev = "commit_requested" -> CommitRequestedStep(l)
       [] l.ev = "commit_acked"     -> AckStep(l)
       [] l.ev = "commit_failed"    -> CommitFailedStep(l)
-      [] l.ev = "revoking"         -> V(l.p).held /\ Stutter
+      [] l.ev = "revoking"         -> Revoking(M, l.p)
       [] l.ev = "revoked"          -> Revoked(M, l.p) \/ RevokedLost(M, l.p)
       [] l.ev = "crashed"          -> CrashedStep(l)
       [] OTHER                     -> FALSE
@@ -215,7 +223,7 @@ FenceJump(p) ==
     /\ ~Holds(M, p)
     /\ fence' = [fence EXCEPT ![p] = @ + 1]
     /\ UNCHANGED <<owner, epoch, down, view, work, net, durable, durableAbove,
-                   effects, dead, crashes, expiries>>
+                   effects, dead, crashes, expiries, gateVars, retryVars>>
 
 \* Steps the trace cannot show (see the header).
 HiddenStep ==

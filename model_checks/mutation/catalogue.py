@@ -16,6 +16,8 @@ from dataclasses import dataclass
 PARTITION = "src/htmqc/core/partition.py"
 CONSUMER = "src/htmqc/core/consumer.py"
 RETRY = "src/htmqc/core/retry.py"
+GATE = "src/htmqc/core/gate.py"
+FAILURES = "src/htmqc/core/failures.py"
 SQL = "src/htmqc/sinks/sql.py"
 
 #: The layers that run the core against a model or an oracle.
@@ -126,19 +128,19 @@ CATALOGUE: tuple[Bug, ...] = (
         (*CONTRACT_LAYERS, *MODEL_LAYERS),
     ),
     Bug(
-        "retry-past-max", RETRY, "RetryPolicy.should_retry",
-        "return kind is not FailureKind.PERMANENT and attempts <= self.max_retries",
-        "return kind is not FailureKind.PERMANENT and attempts <= self.max_retries + 1",
+        "retry-past-max", FAILURES, "facts",
+        "spent=attempts > retry.max_retries,",
+        "spent=attempts > retry.max_retries + 1,",
         "a failing message is retried once more than max_retries allows before it is "
-        "dead-lettered",
-        (*CONTRACT_LAYERS, "vectors"),
+        "dead-lettered (the decision moved from RetryPolicy.should_retry to failures.py)",
+        ("graph-replay", "vectors", "formal", "tests-core"),
     ),
     Bug(
-        "permanent-retried", RETRY, "RetryPolicy.should_retry",
-        "return kind is not FailureKind.PERMANENT and attempts <= self.max_retries",
-        "return attempts <= self.max_retries",
+        "permanent-retried", FAILURES, "facts",
+        "permanent=failure.kind is FailureKind.PERMANENT,",
+        "permanent=False,",
         "a permanent failure is retried instead of going to the dead-letter queue at once",
-        (*CONTRACT_LAYERS, "vectors"),
+        ("vectors", "formal", "tests-core"),
     ),
     Bug(
         "draining-allows-start", PARTITION, "<module>",
@@ -209,5 +211,45 @@ CATALOGUE: tuple[Bug, ...] = (
         "if row is None or int(row[0]) < fence:",
         "a commit carrying an older fence than the stored one (a zombie's) is accepted",
         ("tests-sinks",),
+    ),
+    Bug(
+        "gate-never-reclaims", GATE, "Gate.tick",
+        "if now - part.since >= self.fence_grace:",
+        "if False:",
+        "a partition fenced while the group still assigns it is never claimed again: "
+        "it stays paused for ever (the stall fixed by 3bdd90a)",
+        (*CONTRACT_LAYERS, "graph-replay"),
+    ),
+    Bug(
+        "gate-pause-kept", GATE, "Gate._move",
+        "part.paused = None",
+        "part.paused = False",
+        "after an assignment the gate takes the partition for resumed, but librdkafka "
+        "kept its pause: the partition is never fetched (44915de)",
+        (*CONTRACT_LAYERS, "graph-replay"),
+    ),
+    Bug(
+        "gate-waiting-not-paused", GATE, "<module>",
+        "ALWAYS_PAUSED: Final[frozenset[GateState]] = frozenset({G.WAITING, G.FENCED})",
+        "ALWAYS_PAUSED: Final[frozenset[GateState]] = frozenset({G.FENCED})",
+        "a partition waiting for its retry-topic record keeps fetching: records run "
+        "before they are due",
+        ("proofs", "graph-replay", "formal", "tests-core"),
+    ),
+    Bug(
+        "failures-record-waits-in-memory", FAILURES, "facts",
+        "and (failure.from_retry_topic or delay >= retry_topic.min_delay),",
+        "and delay >= retry_topic.min_delay,",
+        "a retry-topic record with a short backoff is retried in memory and blocks "
+        "its partition instead of going back to the topic",
+        (*CONTRACT_LAYERS, "graph-replay"),
+    ),
+    Bug(
+        "failures-fatal-not-poison", FAILURES, "facts",
+        "poison=failure.poison or failure.fatal,",
+        "poison=failure.poison,",
+        "a failure that kills its worker is retried instead of dead-lettered as "
+        "poison: the message crash-loops its workers",
+        ("formal", "tests-core"),
     ),
 )

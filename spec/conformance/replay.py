@@ -108,13 +108,35 @@ def mismatches(vector: dict[str, Any]) -> Iterator[str]:
     if vector.get("format") != FORMAT:
         yield f"{vector.get('name')}: format {vector.get('format')!r}; this replay reads {FORMAT}"
         return
+    if vector.get("kind") is not None:
+        from spec.conformance import gate  # it imports this module's vocabulary
+
+        if vector["kind"] != gate.KIND:
+            yield f"{vector.get('name')}: kind {vector['kind']!r}; this replay reads core, gate"
+            return
+        yield from gate.mismatches(vector)
+        return
     core = ConsumerCore(RetryPolicy(**vector["retry"]))
+    yield from step_mismatches(
+        vector, lambda op, args: answer(call(core, op, args)), core.snapshot, (CoreError,)
+    )
+
+
+def step_mismatches(
+    vector: dict[str, Any],
+    perform: Callable[[str, dict[str, Any]], Any],
+    snapshot: Callable[[], Any],
+    refusals: tuple[type[Exception], ...],
+) -> Iterator[str]:
+    """Every difference between what ``perform`` answers (refusing with one of
+    ``refusals``) and ``snapshot`` shows, and the vector's steps; stops after the
+    first step whose state differs: later steps would only echo it."""
     for i, step in enumerate(vector["steps"]):
         where = f"{vector['name']} step {i} ({step['op']} {step['args']})"
         expected = step.get("error", step.get("result"))
         try:
-            got = answer(call(core, step["op"], step["args"]))
-        except CoreError as exc:
+            got = perform(step["op"], step["args"])
+        except refusals as exc:
             if step.get("error") != type(exc).__name__:
                 yield f"{where}: raised {type(exc).__name__}: {exc}; expected {expected!r}"
         except Exception as exc:  # a port's bug, reported like any other difference
@@ -124,7 +146,7 @@ def mismatches(vector: dict[str, Any]) -> Iterator[str]:
                 yield f"{where}: answered {got!r}; expected {step['error']}"
             elif got != step["result"]:
                 yield f"{where}: answered {got!r}; expected {step['result']!r}"
-        state = core.snapshot()
+        state = snapshot()
         if state != step["state"]:
             yield f"{where}: state {state}; expected {step['state']}"
             return

@@ -5,15 +5,18 @@ dump parser and the refinement mapping's epoch history."""
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 
-from htmqc.core import ConsumerCore, Event, MessageState, PartitionTracker
+from htmqc.core import ConsumerCore, Event, MessageState, PartitionTracker, failures, gate
+from htmqc.core.gate import Gate, GateAction
 from model_checks import graph_replay as gr
 from model_checks.refinement import EpochHistory, MappingError
 from model_checks.state_graph import Fun, StateGraph, graph_config, load_graph, parse_value
+from model_checks.tlc import TLA_DIR
 
 pytestmark = pytest.mark.formal
 
@@ -85,11 +88,37 @@ def stale_epoch_taken(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ConsumerCore, "_current", current)
 
 
+def gate_never_reclaims(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gate's tick never claims a fenced partition again (before 3bdd90a)."""
+    original = Gate.tick
+
+    def tick(self: Gate, now: float) -> list[GateAction]:
+        return original(self, now) if self.fence_grace == 0 else []
+
+    monkeypatch.setattr(Gate, "tick", tick)
+
+
+def gate_pause_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After an assignment the gate takes the partition for resumed (before 44915de)."""
+    original = Gate.claimed
+
+    def claimed(self: Gate, positions: Any) -> list[GateAction]:
+        for tp in positions:
+            part = self._parts.get(tp)
+            if part is not None and part.paused is None:
+                part.paused = False
+        return original(self, positions)
+
+    monkeypatch.setattr(Gate, "claimed", claimed)
+
+
 MUTANTS: list[tuple[Callable[[pytest.MonkeyPatch], None], str, str]] = [
     (skip_boundary, "small_eos", "skip: core [] != model [2]"),
     (finish_from_any_live_state, "small_eos_retries", "succeeded_many([1]) on Pending"),
     (commit_hands_out_next, "small_eos_retries", "commit_requested hands out"),
     (stale_epoch_taken, "small_eos_reassign", "stale epoch"),
+    (gate_never_reclaims, "small_gate", "held: core False != model True"),
+    (gate_pause_kept, "small_gate", "gate paused: code True != model False"),
 ]
 
 
@@ -111,6 +140,30 @@ def test_replay_rejects_a_mutated_core(
 
 
 # -- the pieces ------------------------------------------------------------------------------
+
+
+def test_the_specs_gate_and_failure_rules_are_the_cores() -> None:
+    """GateTable, its state sets and FailureRules in Consumer.tla say what
+    gate.TRANSITIONS, HELD, ALWAYS_PAUSED, FOLLOWS_HOLDS and failures.RULES say."""
+    assert gr.gate_table() == {
+        state.value: {event.value: target.value for event, target in row.items()}
+        for state, row in gate.TRANSITIONS.items()
+    }
+    spec = (TLA_DIR / "Consumer.tla").read_text()
+
+    def tla_set(name: str) -> set[str]:
+        found = re.search(rf"^{name} == \{{(.*?)\}}", spec, re.M)
+        assert found, name
+        return {x.strip().strip('"') for x in found.group(1).split(",")}
+
+    assert tla_set("HeldStates") == {s.value for s in gate.HELD}
+    assert tla_set("AlwaysPaused") == {s.value for s in gate.ALWAYS_PAUSED}
+    assert tla_set("FollowsHolds") == {s.value for s in gate.FOLLOWS_HOLDS}
+    rules = re.search(r"^FailureRules == <<(.*?)>>", spec, re.M)
+    assert rules
+    assert [x.strip().strip('"') for x in rules.group(1).split(",")] == [
+        name for name, _ in failures.RULES
+    ]
 
 
 def test_tlc_values_parse() -> None:

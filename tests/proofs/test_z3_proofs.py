@@ -12,7 +12,7 @@ import z3
 
 import proofs
 from htmqc.core.lifecycle import EDGES, Event, MessageState
-from proofs import differential, model, obligation, run, tracker
+from proofs import differential, gate, model, obligation, run, tracker
 from proofs.obligation import Obligation, Outcome, discharge
 
 pytestmark = pytest.mark.formal
@@ -130,3 +130,27 @@ def test_instantiated_premises_prove_only_what_follows() -> None:
     everywhere = z3.ForAll([o], b[o])
     does_not = obligation._instantiated([implies, a[c]], z3.Not(everywhere))
     assert z3.Solver().check(*does_not) == z3.sat
+
+
+def test_every_gate_event_and_failure_promise_is_in_the_run() -> None:
+    from htmqc.core.gate import GateEvent
+
+    for event in GateEvent:
+        assert f"gate:event[{event.value}]" in LEMMAS
+    assert {"gate:progress", "gate:active_resumed", "failures:spent", "failures:record"} <= set(
+        LEMMAS
+    )
+    assert {"mutant:gate_never_reclaims", "mutant:gate_pause_kept",
+            "mutant:failures_topic_before_spent"} <= set(MUTANTS)
+
+
+def test_a_gate_table_that_strands_a_waiting_partition_is_refuted() -> None:
+    from htmqc.core.gate import GateEvent, GateState
+
+    stranded = gate.Tables(
+        gate.without(GateEvent.RETRY_WAIT_OVER, GateState.WAITING),
+        gate.CODE.always_paused, gate.CODE.follows_holds, gate.CODE.forgets_pause,
+    )
+    verdicts = {o.name: o.verdict for o in run.run(gate.obligations(stranded), echo=False)}
+    assert verdicts["gate:progress"] == "COUNTEREXAMPLE"
+    assert verdicts["gate:event[claimed]"] == "PROVED"

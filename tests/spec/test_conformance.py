@@ -6,12 +6,14 @@ from __future__ import annotations
 import copy
 import math
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from htmqc.core import ConsumerCore
+from htmqc.core.gate import Gate
 from spec.conformance import generate, replay
 
 FILES = replay.vector_files()
@@ -63,8 +65,30 @@ def test_every_vector_says_in_one_line_what_it_pins() -> None:
 def test_the_vectors_exercise_every_event_of_the_api() -> None:
     views = {"partitions", "tracker", "epoch", "snapshot", "commits"}
     api = {name for name in dir(ConsumerCore) if not name.startswith("_")} - views
-    ops = {step["op"] for path in FILES for step in replay.load(path)["steps"]}
+    vectors = [replay.load(path) for path in FILES]
+    ops = {step["op"] for v in vectors if "kind" not in v for step in v["steps"]}
     assert ops == api
+    gate_views = {"state", "fetching", "partitions", "paused", "holds", "snapshot", "fence_grace"}
+    gate_api = {name for name in dir(Gate) if not name.startswith("_")} - gate_views
+    gate_ops = {step["op"] for v in vectors if v.get("kind") == "gate" for step in v["steps"]}
+    assert gate_ops == gate_api
+
+
+@pytest.mark.parametrize(
+    ("name", "index", "change"),
+    [
+        ("gate_fence_and_reclaim", 6, lambda s: s.update(result=[])),
+        ("gate_assign_and_holds", 1, lambda s: s["result"][0]["tps"].reverse()),
+        ("gate_retry_wait", 2, lambda s: s["state"]["partitions"]["t.retry/0"].update(until=51.0)),
+    ],
+)
+def test_a_changed_gate_step_is_a_mismatch(
+    name: str, index: int, change: Callable[[dict[str, Any]], None]
+) -> None:
+    vector = copy.deepcopy(replay.load(replay.VECTORS / f"{name}.json"))
+    assert list(replay.mismatches(vector)) == []
+    change(vector["steps"][index])
+    assert list(replay.mismatches(vector))
 
 
 def _first_step(name: str, decision: str) -> tuple[dict[str, Any], dict[str, Any]]:

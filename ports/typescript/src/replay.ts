@@ -13,6 +13,7 @@ import {
   ConsumerCore, Decision, FailureKind, IllegalTransition, OffsetOrderError, PartitionState,
   RetryPolicy, TopicPartition,
 } from "./core";
+import { Gate, GateAction, Hold } from "./gate";
 import { Json, JsonObject, jsonEqual, parseJson, showJson } from "./json";
 
 /** A vector that does not follow the format (not a behaviour of the core). */
@@ -121,16 +122,104 @@ function call(core: ConsumerCore, op: string, a: JsonObject): Json {
   }
 }
 
+// -- gate vectors (spec §5a, "kind": "gate") --------------------------------
+
+function byPartition(a: TopicPartition, b: TopicPartition): number {
+  if (a.topic !== b.topic) return a.topic < b.topic ? -1 : 1;
+  return a.partition - b.partition;
+}
+
+function tpList(obj: JsonObject, key: string): TopicPartition[] {
+  const v = field(obj, key);
+  if (!Array.isArray(v)) throw new BadVector(`${key} is not a list`);
+  return v.map((x) => {
+    if (typeof x !== "string") throw new BadVector(`${key} holds a non-name: ${showJson(x)}`);
+    return TopicPartition.parse(x);
+  });
+}
+
+function reasonOf(obj: JsonObject): Hold {
+  const v = field(obj, "reason");
+  if (v !== "flow" && v !== "breaker") throw new BadVector(`bad reason ${showJson(v)}`);
+  return v;
+}
+
+function actionsJson(actions: GateAction[]): Json {
+  const out: Json[] = [];
+  const seeks = actions.flatMap((a) => (a.type === "Seek" ? [a] : [])).sort((a, b) => byPartition(a.tp, b.tp));
+  let seeked = false;
+  for (const a of actions) {
+    if (a.type !== "Seek") {
+      out.push({ type: a.type, tps: [...a.tps].sort(byPartition).map((tp) => tp.toString()) });
+    } else if (!seeked) {
+      seeked = true;
+      for (const s of seeks) out.push({ type: "Seek", tp: s.tp.toString(), offset: s.offset });
+    }
+  }
+  return out;
+}
+
+function gateStateJson(gate: Gate): Json {
+  const snap = gate.snapshot();
+  const partitions: JsonObject = {};
+  for (const [name, p] of snap.partitions) {
+    partitions[name] = { state: p.state, paused: p.paused, since: p.since, until: p.until };
+  }
+  return { holds: snap.holds, partitions };
+}
+
+function gateCall(gate: Gate, op: string, a: JsonObject): Json {
+  switch (op) {
+    case "assigned": return actionsJson(gate.assigned(tpList(a, "tps")));
+    case "claimed": {
+      const v = field(a, "positions");
+      if (!Array.isArray(v)) throw new BadVector("positions is not a list");
+      return actionsJson(gate.claimed(v.map((pair) => {
+        if (!Array.isArray(pair) || pair.length !== 2 || typeof pair[0] !== "string" || typeof pair[1] !== "bigint") {
+          throw new BadVector(`bad position ${showJson(pair)}`);
+        }
+        return [TopicPartition.parse(pair[0]), pair[1]];
+      })));
+    }
+    case "retry_wait": return actionsJson(gate.retryWait(tpOf(a), int(a, "offset"), double(a, "until")));
+    case "rolled_back": return actionsJson(gate.rolledBack(tpList(a, "stale"), double(a, "now")));
+    case "tick": return actionsJson(gate.tick(double(a, "now")));
+    case "revoking": return actionsJson(gate.revoking(tpList(a, "tps")));
+    case "revoked": return actionsJson(gate.revoked(tpList(a, "tps")));
+    case "lost": return actionsJson(gate.lost(tpList(a, "tps")));
+    case "hold": return actionsJson(gate.hold(reasonOf(a)));
+    case "unhold": return actionsJson(gate.unhold(reasonOf(a)));
+    default: throw new BadVector(`unknown gate op ${JSON.stringify(op)}`);
+  }
+}
+
 // -- one vector ---------------------------------------------------------------
+
+/** What a vector replays through: a core or a gate, behind one interface. */
+interface Subject {
+  call(op: string, args: JsonObject): Json;
+  state(): Json;
+}
+
+function subjectOf(vector: JsonObject): Subject {
+  const kind = Object.prototype.hasOwnProperty.call(vector, "kind") ? vector["kind"] : undefined;
+  if (kind === "gate") {
+    const gate = new Gate(double(vector, "fence_grace"));
+    return { call: (op, a) => gateCall(gate, op, a), state: () => gateStateJson(gate) };
+  }
+  if (kind !== undefined) throw new BadVector(`kind ${showJson(kind ?? null)} (core or gate)`);
+  const retry = field(vector, "retry");
+  if (!isObject(retry)) throw new BadVector("retry is not an object");
+  const core = new ConsumerCore(new RetryPolicy(int(retry, "max_retries"), double(retry, "base_delay"),
+                                                double(retry, "max_delay")));
+  return { call: (op, a) => call(core, op, a), state: () => stateJson(core) };
+}
 
 /** Replays one vector; the first mismatch as text, or null when it passes. */
 function replay(vector: JsonObject): { steps: number; mismatch: string | null } {
   const format = field(vector, "format");
   if (format !== 2n) throw new BadVector(`format ${showJson(format)} (only 2 is supported)`);
-  const retry = field(vector, "retry");
-  if (!isObject(retry)) throw new BadVector("retry is not an object");
-  const core = new ConsumerCore(new RetryPolicy(int(retry, "max_retries"), double(retry, "base_delay"),
-                                                double(retry, "max_delay")));
+  const subject = subjectOf(vector);
   const steps = field(vector, "steps");
   if (!Array.isArray(steps)) throw new BadVector("steps is not a list");
   for (let i = 0; i < steps.length; i++) {
@@ -146,7 +235,7 @@ function replay(vector: JsonObject): { steps: number; mismatch: string | null } 
 
     let got: { result: Json } | { error: string };
     try {
-      got = { result: call(core, op, args) };
+      got = { result: subject.call(op, args) };
     } catch (e) {
       if (e instanceof BadVector) throw new BadVector(`${where}: ${e.message}`);
       if (e instanceof IllegalTransition || e instanceof OffsetOrderError) got = { error: e.name };
@@ -161,7 +250,7 @@ function replay(vector: JsonObject): { steps: number; mismatch: string | null } 
         "result" in x ? `result ${showJson(x.result)}` : `error ${typeof x.error === "string" ? x.error : showJson(x.error)}`;
       return { steps: steps.length, mismatch: `${where}: expected ${show(want)}, got ${show(got)}` };
     }
-    const state = stateJson(core);
+    const state = subject.state();
     if (!jsonEqual(state, field(step, "state"))) {
       return {
         steps: steps.length,

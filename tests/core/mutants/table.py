@@ -127,4 +127,77 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
 )
 
-BY_NAME = {m.name: m for m in MUTANTS}
+#: Bugs in the decisions moved out of the runtime (issue 16): the partition gate,
+#: each caught by ``GateVersusReference`` (tests/core/test_gate.py), and the failure
+#: rules, each caught by ``FailuresVersusReference`` (tests/core/test_failures.py);
+#: tests/core/test_decision_mutants.py runs them on a copy of ``src/``.
+GATE_MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        "gate_never_reclaims",
+        "gate.py",
+        "if now - part.since >= self.fence_grace:",
+        "if False:",
+        "a fenced partition that stays assigned is never claimed again (the stall of 3bdd90a)",
+    ),
+    Mutant(
+        "gate_pause_kept",
+        "gate.py",
+        "part.paused = None",
+        "part.paused = False",
+        "after an assignment the gate takes the partition for resumed, but librdkafka kept "
+        "its pause (44915de)",
+    ),
+    Mutant(
+        "gate_waiting_not_paused",
+        "gate.py",
+        "frozenset({G.WAITING, G.FENCED})",
+        "frozenset({G.FENCED})",
+        "a partition waiting for its retry-topic record keeps fetching",
+    ),
+    Mutant(
+        "gate_fence_keeps_core",
+        "gate.py",
+        "if source in HELD and target not in HELD:",
+        "if source in HELD and target is G.UNASSIGNED:",
+        "a fenced or rolled-back partition keeps the core's stale state (no Drop)",
+    ),
+    Mutant(
+        "gate_reclaim_no_seek",
+        "gate.py",
+        ", (G.RECLAIMING, V.CLAIMED)}",
+        "}",
+        "a partition claimed again is not rewound to its claimed position",
+    ),
+)
+FAILURE_MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        "failures_held_beats_too_large",
+        "failures.py",
+        '("too_large", DeadLetterKind.TOO_LARGE),\n    ("held", Later.HOLD),',
+        '("held", Later.HOLD),\n    ("too_large", DeadLetterKind.TOO_LARGE),',
+        "a message over the size limit is held for ever while the breaker is open",
+    ),
+    Mutant(
+        "failures_fatal_not_poison",
+        "failures.py",
+        "poison=failure.poison or failure.fatal,",
+        "poison=failure.poison,",
+        "a failure that kills its worker is retried instead of dead-lettered as poison",
+    ),
+    Mutant(
+        "failures_spent_one_early",
+        "failures.py",
+        "spent=attempts > retry.max_retries,",
+        "spent=attempts >= retry.max_retries,",
+        "a message is dead-lettered one retry early",
+    ),
+    Mutant(
+        "failures_record_waits_in_memory",
+        "failures.py",
+        "and (failure.from_retry_topic or delay >= retry_topic.min_delay),",
+        "and delay >= retry_topic.min_delay,",
+        "a retry-topic record with a short backoff is retried in memory, off the topic",
+    ),
+)
+
+BY_NAME = {m.name: m for m in (*MUTANTS, *GATE_MUTANTS, *FAILURE_MUTANTS)}
