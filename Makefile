@@ -16,7 +16,7 @@ LINTED := $(wildcard src tests model_checks proofs spec benchmarks examples)
 QUIET_PIP := { grep -v "^WARNING: Location 'file://" || true; }
 CROSSHAIR_TIMEOUT ?= 4
 
-.PHONY: help setup test lint typecheck pytest crosshair proofs tlc graph-replay spec-check conformance conformance-ts formal-tests verify verify-long mutate mutate-catalogue mutants test-kafka profile bench bench-peers chaos-long demo clean
+.PHONY: help setup test lint typecheck pytest crosshair proofs tlc graph-replay spec-check conformance conformance-ts formal-tests verify verify-long mutate mutate-catalogue mutants test-kafka profile bench bench-peers bench-spark chaos-long demo clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -106,7 +106,11 @@ bench: setup ## all benchmarks, the peers last (about an hour); results go to be
 	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.engine_bench
 	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.runtime_bench
 	PYSPARK_PYTHON=$(abspath $(PY)) SPARK_LOCAL_IP=127.0.0.1 $(PY) -m benchmarks.audit_bench --rows 10000000
+	$(MAKE) bench-spark
 	$(MAKE) bench-peers
+
+bench-spark: setup ## Spark's kafka source vs htmqc-kafka vs a plain confluent-kafka loop, into noop (one run)
+	PYSPARK_PYTHON=$(abspath $(PY)) SPARK_LOCAL_IP=127.0.0.1 $(PY) -m benchmarks.spark_sources
 
 # The peers pin their own librdkafka (quixstreams wants confluent-kafka < 2.13), so they
 # get a venv of their own; htmqc and the raw loop run in it too, for a fair comparison.
