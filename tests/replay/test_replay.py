@@ -12,9 +12,8 @@ from confluent_kafka import TopicPartition as KafkaTP
 
 from htmqc.cli import main
 from htmqc.replay import PartitionRange, SegmentReader, SegmentWriter
-from htmqc.replay.consumer import SegmentConsumer
 from htmqc.replay.faults import FaultSchedule
-from htmqc.replay.run import replay
+from htmqc.replay.run import replay, segment_consumer
 from model_checks.trace_validation import validate_trace
 from tests.replay import handlers
 
@@ -140,7 +139,7 @@ def test_faults_hold_back_only_their_key(tmp_path: Path) -> None:
 def test_segment_consumer_seek_back_and_pause(tmp_path: Path) -> None:
     seg = make_segment(tmp_path / "in.seg", per_partition=5)
     reader = SegmentReader(seg)
-    consumer = SegmentConsumer(reader)
+    consumer = segment_consumer(reader)
     assigned: list[Any] = []
 
     def on_assign(c: Any, parts: list[Any]) -> None:

@@ -21,8 +21,8 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "run",
         help="consume a topic with a handler (at-least-once or exactly-once)",
-        description="Consume --topic with MODULE:FUNCTION. at-least-once calls "
-        "handler(msg); exactly-once calls handler(msg, tx) inside the sink transaction.",
+        description="Consume --topic with MODULE:FUNCTION (def or async def). at-least-once "
+        "calls handler(msg); exactly-once calls handler(msg, tx) inside the sink transaction.",
     )
     p.add_argument("handler", metavar="MODULE:FUNCTION")
     p.add_argument("--bootstrap", help="Kafka bootstrap servers HOST:PORT")
@@ -30,7 +30,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--group", help="consumer group")
     p.add_argument("--mode", choices=MODES)
     p.add_argument("--sink", help="sqlite:///PATH | postgresql://... | kafka:TOPIC (exactly-once)")
-    p.add_argument("--workers", type=int, help="handler threads (at-least-once; default 1: inline)")
+    p.add_argument("--workers", type=int, help="handler threads (at-least-once; default 1)")
     p.add_argument("--max-in-flight", type=int, help="unfinished messages before pausing (10000)")
     p.add_argument("--txn-messages", type=int, help="messages per sink transaction (1000)")
     p.add_argument("--txn-ms", type=float, help="milliseconds per sink transaction (100)")
@@ -57,6 +57,11 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--max-message-bytes", type=int, help="dead-letter larger messages")
     p.add_argument("--shutdown-seconds", type=float, help="bound on waiting for running work (10)")
+    p.add_argument(
+        "--sink-retry-seconds",
+        type=float,
+        help="how long to reconnect a lost exactly-once database before exit 1 (60)",
+    )
     p.add_argument("--batch-size", type=int, help="messages per consume() call (1000)")
     p.add_argument("--connect-seconds", type=float, help="how long to wait for the broker (10)")
     p.add_argument("--trace", metavar="FILE", help="append core transitions as JSON lines")

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 from htmqc.core.retry import FailureKind
 from htmqc.dlq.record import dlq_topic, poison_topic
 from htmqc.errors import RuntimeFailure, UsageError
-from htmqc.runtime.engine import Engine
+from htmqc.runtime.handlers import check_handler
+from htmqc.runtime.loop import Engine
 from htmqc.runtime.options import EXACTLY_ONCE, RunOptions
 from htmqc.runtime.retry_topic import retry_topic
 
@@ -146,23 +147,18 @@ def check_topic(
 def build_engine(
     handler: Callable[..., Any], options: RunOptions, *, metrics: Metrics | None = None
 ) -> Engine:
-    """Everything :func:`run` needs, checked; the caller runs it."""
+    """Everything :func:`run` needs, checked (the handler's signature first,
+    before anything connects); the caller runs it."""
     from confluent_kafka import Consumer, KafkaException, Producer
 
     from htmqc.kafka_defaults import consumer_config, producer_config
     from htmqc.sinks import open_sink
 
+    check_handler(handler, options.mode)
     if options.mode == EXACTLY_ONCE and not options.sink:
         raise UsageError(
             "exactly-once needs a sink",
             "pass --sink sqlite:///PATH (or postgresql://, kafka:TOPIC)",
-        )
-    if options.retry_topic and options.mode == EXACTLY_ONCE and not (
-        options.sink or ""
-    ).startswith("kafka:"):
-        raise UsageError(
-            "--retry-topic with a database sink cannot move a message atomically",
-            "use at-least-once or a kafka: sink, or drop --retry-topic",
         )
     sink = None
     if options.mode == EXACTLY_ONCE:
@@ -173,6 +169,11 @@ def build_engine(
             kafka_config=producer_overrides(options.kafka_config),
             member_id=options.member_id,
         )
+        if options.retry_topic and not sink.writes_kafka:
+            raise UsageError(
+                "--retry-topic with a database sink cannot move a message atomically",
+                "use at-least-once or a kafka: sink, or drop --retry-topic",
+            )
     check_topic(
         options.bootstrap,
         options.topic,
@@ -184,7 +185,7 @@ def build_engine(
         _ensure_topic(options.bootstrap, retry_topic(options.topic), options.kafka_config)
     if sink is not None:
         sink.open(options.group)
-        if sink.name == "kafka":  # its dead letters are written inside its transactions
+        if sink.writes_kafka:  # its dead letters are written inside its transactions
             for name in (dlq_topic(options.topic), poison_topic(options.topic)):
                 _ensure_topic(options.bootstrap, name, options.kafka_config)
     engine: list[Engine] = []

@@ -18,14 +18,16 @@ LOG_FORMATS = ("text", "json")
 class RunOptions:
     """Everything the engine needs besides the handler.
 
-    ``workers``: handler threads for at-least-once (0 or 1: handlers run on the
-    poll thread; exactly-once always runs them on the poll thread, one at a
-    time, inside the sink transaction). ``max_in_flight``: fetched but
+    ``workers``: handler threads for at-least-once (0 counts as 1; handlers never
+    run on the poll thread); exactly-once runs them on the one transaction
+    thread, one at a time, inside the sink transaction. ``max_in_flight``: fetched but
     unfinished messages before partitions are paused. ``txn_messages`` /
     ``txn_ms``: bounds of one exactly-once transaction. ``commit_ms``: how often
     at-least-once commits. ``max_messages``/``idle_exit``: stop conditions for
     tests and demos. ``max_message_bytes``: larger values are dead-lettered.
     ``shutdown_seconds``: how long revoke and shutdown wait for running work.
+    ``sink_retry_seconds``: how long an exactly-once sink that lost its
+    database is reconnected (with backoff) before the run stops with exit 1.
     ``trace``: a file to append core transitions to (:mod:`htmqc.runtime.trace`).
 
     Failures: ``max_retries`` retries with full-jitter backoff from ``backoff_ms``
@@ -66,6 +68,7 @@ class RunOptions:
     idle_exit: float | None = None
     max_message_bytes: int | None = None
     shutdown_seconds: float = 10.0
+    sink_retry_seconds: float = 60.0
     batch_size: int = 1000
     connect_seconds: float = 10.0
     trace: str | None = None
