@@ -6,11 +6,20 @@ Hypothesis tests drive the core and this model with the same events and compare
 their observable state after every step; conformance vectors and trace replays
 use it as the oracle. Its vocabulary (event names, state names) is the
 transition table's, so that the two can be compared, but it restates the
-lifecycle edges itself instead of reading :data:`htmqc.core.TRANSITIONS`.
+lifecycle edges itself instead of reading :data:`htmqc.core.TRANSITIONS`, and
+the backoff formula from ``spec/README.md`` instead of importing
+:mod:`htmqc.core.retry`.
+
+Answers come in two spellings. The ``*_decision`` methods give the whole
+decision as plain data, spelled as in the conformance vectors
+(``spec/conformance/README.md``); ``commit_requested``, ``revoked`` and
+``failed`` give only its offset or outcome, which is what the Hypothesis
+comparison reads (it checks the core's decision objects itself).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,8 +31,9 @@ LIFECYCLE = {
     "retry_scheduled": ("Failed", "Retrying"),
     "retry_due": ("Retrying", "Processing"),
     "dead_lettered": ("Failed", "DeadLettered"),
+    "handed_off": ("Failed", "HandedOff"),
 }
-DONE = {"Succeeded", "DeadLettered"}
+DONE = {"Succeeded", "DeadLettered", "HandedOff"}
 
 
 class RefError(Exception):
@@ -62,6 +72,7 @@ class RefPartition:
             "processed": p,
             "committed": self.committed,
             "requested": self.requested,
+            "unsent": self.unsent,
             "draining": self.draining,
             "in_flight": {str(o): self.states[o] for o in sorted(self.unfinished())},
             "finished_above": sorted(
@@ -74,15 +85,19 @@ class RefPartition:
 class ReferenceConsumer:
     """The naive twin of :class:`htmqc.core.ConsumerCore` (same method names)."""
 
-    def __init__(self, max_retries: int = 3) -> None:
+    def __init__(
+        self, max_retries: int = 3, base_delay: float = 0.1, max_delay: float = 30.0
+    ) -> None:
         self.max_retries = max_retries
+        self.base_delay = base_delay
+        self.max_delay = max_delay
         self.parts: dict[tuple[str, int], RefPartition] = {}
         self.last_epoch = 0
 
     def assign(self, tp: tuple[str, int], committed: int, finished_above: Any = ()) -> int:
         if tp in self.parts:
             raise RefError("already assigned")
-        if committed < 0 or any(o <= committed for o in finished_above):
+        if committed < 0 or any(o < committed for o in finished_above):
             raise RefError("bad start")
         self.last_epoch += 1
         self.parts[tp] = RefPartition(committed, self.last_epoch, set(finished_above))
@@ -133,26 +148,45 @@ class ReferenceConsumer:
         if any(part.states.get(o) != source for o in offsets):
             raise RefError(f"{name} needs {source}")
         if target in DONE and offsets:
-            part.unsent = True
+            part.unsent = True  # an empty batch finishes nothing (spec §5)
         for o in offsets:
             part.states[o] = target
             if name == "failed":
                 part.failures[o] = part.failures.get(o, 0) + 1
         return True
 
+    def backoff(self, n: int, jitter: float) -> float:
+        """Seconds before the n-th retry: jitter x min(cap, base x 2^min(n-1, 1000)),
+        in doubles. ldexp scales by a power of two exactly, like the spec's product."""
+        return jitter * min(self.max_delay, math.ldexp(self.base_delay, min(n - 1, 1000)))
+
+    def failed_decision(
+        self, tp: tuple[str, int], epoch: int, offset: int, kind: str, now: float, jitter: float
+    ) -> dict[str, Any] | None:
+        """``kind`` is "retryable", "unknown" or "permanent". A RetryAt (now Retrying)
+        or a DeadLetter (stays Failed); None if late."""
+        if not self.event("failed", tp, epoch, [offset]):
+            return None
+        n = self.parts[tp].failures[offset]
+        where = {"tp": _name(tp), "epoch": epoch, "offset": offset}
+        if kind != "permanent" and n <= self.max_retries:
+            self.event("retry_scheduled", tp, epoch, [offset])
+            return {"type": "RetryAt", **where, "attempt": n, "at": now + self.backoff(n, jitter)}
+        return {"type": "DeadLetter", **where, "attempts": n,
+                "kind": "permanent" if kind == "permanent" else "failed"}
+
     def failed(
         self, tp: tuple[str, int], epoch: int, offset: int, permanent: bool
     ) -> str | None:
         """'retry' or 'dead_letter' (the state moves as the core's does), None if late."""
-        if not self.event("failed", tp, epoch, [offset]):
+        kind = "permanent" if permanent else "retryable"
+        decision = self.failed_decision(tp, epoch, offset, kind, 0.0, 0.0)
+        if decision is None:
             return None
-        part = self.parts[tp]
-        if not permanent and part.failures[offset] <= self.max_retries:
-            self.event("retry_scheduled", tp, epoch, [offset])
-            return "retry"
-        return "dead_letter"
+        return "retry" if decision["type"] == "RetryAt" else "dead_letter"
 
-    def commit_requested(self, tp: tuple[str, int]) -> int | None:
+    def commit_decision(self, tp: tuple[str, int]) -> dict[str, Any] | None:
+        """The Commit a request hands out (tp, epoch, offset, finished_above), or None."""
         part = self.parts.get(tp)
         if part is None:
             return None
@@ -160,8 +194,14 @@ class ReferenceConsumer:
         if p > part.requested or part.unsent:
             part.requested = p
             part.unsent = False
-            return p
+            above = part.observe()["finished_above"]
+            return {"type": "Commit", "tp": _name(tp), "epoch": part.epoch, "offset": p,
+                    "finished_above": above}
         return None
+
+    def commit_requested(self, tp: tuple[str, int]) -> int | None:
+        commit = self.commit_decision(tp)
+        return None if commit is None else int(commit["offset"])
 
     def commit_acked(self, tp: tuple[str, int], epoch: int, offset: int) -> bool:
         part = self._part(tp, epoch)
@@ -187,13 +227,22 @@ class ReferenceConsumer:
         if tp in self.parts:
             self.parts[tp].draining = True
 
-    def revoked(self, tp: tuple[str, int]) -> int | None:
-        offset = self.commit_requested(tp)
+    def revoked_decision(self, tp: tuple[str, int]) -> dict[str, Any] | None:
+        """The final Commit (or None); the partition is dropped."""
+        commit = self.commit_decision(tp)
         self.parts.pop(tp, None)
-        return offset
+        return commit
+
+    def revoked(self, tp: tuple[str, int]) -> int | None:
+        commit = self.revoked_decision(tp)
+        return None if commit is None else int(commit["offset"])
 
     def crashed(self) -> None:
         self.parts.clear()
 
     def snapshot(self) -> dict[str, Any]:
-        return {f"{t}/{p}": part.observe() for (t, p), part in sorted(self.parts.items())}
+        return {_name(tp): part.observe() for tp, part in sorted(self.parts.items())}
+
+
+def _name(tp: tuple[str, int]) -> str:
+    return f"{tp[0]}/{tp[1]}"

@@ -32,6 +32,11 @@ How TLC is run, and why (checked on this machine, 2026-11-22)
 * Exit codes (TLC 2.15): 0 ok, 10 assumption, 11 deadlock, 12 safety,
   13 liveness, 14 assert, 75-77 evaluation, 150/151 parse, 152 state space
   too large, 153 system error, 255 other.
+* ``coverage=True`` passes ``-coverage 1``: TLC then reports, every minute and
+  at the end, per action ``<Name line .. of module M>: distinct:generated``
+  (message 2772). Reports are cumulative, so the last value of each action's
+  location is its final count; :attr:`TlcResult.coverage` sums them by action
+  name (an action split over several locations counts once).
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ _VIOLATED = re.compile(r"(?:Invariant|Action property) (\w+) is violated")
 _STATS = re.compile(r"([\d,]+) states generated, ([\d,]+) distinct states found")
 _DEPTH = re.compile(r"depth of the complete state graph search is (\d+)")
 _STATE_HEAD = re.compile(r"^(\d+): (.*)$")
+_COVERAGE = re.compile(r"^<(\w+) (line .*?)>: (\d+):(\d+)\s*$")
 
 INVARIANT_VIOLATED = (2107, 2110)
 ACTION_PROPERTY_VIOLATED = 2112
@@ -66,6 +72,7 @@ DEADLOCK = 2114
 STATE_PRINT = 2217
 STATS = 2199
 DEPTH = 2194
+ACTION_COVERAGE = 2772
 #: Message classes TLC uses for errors (``code:class``): 1 error, 2 TLC bug.
 ERROR_CLASSES = (1, 2)
 
@@ -96,6 +103,8 @@ class TlcResult:
     seconds: float
     counterexample: list[TlcState] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    #: With coverage on: states each action generated (0: it never fired).
+    coverage: dict[str, int] = field(default_factory=dict)
 
 
 def tla2tools_jar() -> Path:
@@ -159,6 +168,7 @@ def parse_output(output: str) -> dict[str, object]:
     distinct = generated = depth = None
     states: list[TlcState] = []
     errors: list[str] = []
+    by_location: dict[tuple[str, str], int] = {}
     for code, klass, text in parse_messages(output):
         if code in INVARIANT_VIOLATED or code == ACTION_PROPERTY_VIOLATED:
             found = _VIOLATED.search(text)
@@ -177,6 +187,10 @@ def parse_output(output: str) -> dict[str, object]:
         elif code == DEPTH:
             found = _DEPTH.search(text)
             depth = int(found.group(1)) if found else None
+        elif code == ACTION_COVERAGE:
+            found = _COVERAGE.match(text.strip())
+            if found:
+                by_location[(found.group(1), found.group(2))] = int(found.group(4))
         elif klass in ERROR_CLASSES and code not in (2121,):
             errors.append(text.strip())
     return {
@@ -186,7 +200,15 @@ def parse_output(output: str) -> dict[str, object]:
         "depth": depth,
         "counterexample": states,
         "errors": errors,
+        "coverage": _by_action(by_location),
     }
+
+
+def _by_action(by_location: dict[tuple[str, str], int]) -> dict[str, int]:
+    totals: dict[str, int] = {}
+    for (name, _where), generated in by_location.items():
+        totals[name] = totals.get(name, 0) + generated
+    return totals
 
 
 def temporal_properties(config: Path) -> list[str]:
@@ -217,13 +239,17 @@ def run_model(
     check_deadlock: bool = False,
     timeout: float = 1800.0,
     workers: str = "1",
+    coverage: bool = False,
+    extra_args: tuple[str, ...] = (),
 ) -> TlcResult:
     """Run TLC on ``tla_dir/module`` with ``tla_dir/config`` in a child JVM.
 
     ``check_deadlock`` False passes ``-deadlock`` (the bounded models stop in
     states where only faults beyond their budget could move). A run longer
     than ``timeout`` seconds is killed (its whole process group) and reported
-    as not passed with ``violated == "timeout"``.
+    as not passed with ``violated == "timeout"``. ``coverage`` adds
+    ``-coverage 1`` (see the module docs); ``extra_args`` go to TLC before the
+    module (e.g. ``("-dump", "dot,actionlabels", path)``).
 
     :raises RuntimeFailure: java, the jar or a model file is missing.
     """
@@ -241,7 +267,9 @@ def run_model(
     ]
     if not check_deadlock:
         command.append("-deadlock")
-    command.append(module)
+    if coverage:
+        command += ["-coverage", "1"]
+    command += [*extra_args, module]
     started = time.monotonic()
     proc = subprocess.Popen(
         command, cwd=tla_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -11,6 +11,14 @@ the manifest and prints a table. A model *matches* when
   property violated (expected failures are part of the gate: they show that
   the properties can fail).
 
+Coverage. Every run passes TLC ``-coverage 1``. A passing model must fire
+every action of the spec except those its manifest entry lists under
+``idle`` (actions its constants switch off, e.g. ``SessionExpired`` with
+``MaxExpiries = 0``); an idle action that fires is a mismatch too, so the
+list stays true. When a whole size runs, every action must fire in at least
+one of its passing models. A passing model that leaves an action unexplored
+would prove nothing about it.
+
 Exit status: 0 all match, 1 any mismatch, 2 bad usage. ``--model NAME`` runs
 one model; ``--show-trace`` prints counterexamples; ``--update`` writes the
 measured counts and times back into the manifest. The JSON report goes to
@@ -58,6 +66,23 @@ def load_manifest(path: Path = MANIFEST) -> dict[str, Any]:
     return data
 
 
+def coverage_problem(entry: dict[str, Any], coverage: dict[str, int]) -> str | None:
+    """Why a passing model's action coverage does not match its entry, or None."""
+    if not coverage:
+        return "TLC reported no action coverage"
+    idle = set(entry.get("idle", []))
+    unknown = sorted(idle - set(coverage))
+    if unknown:
+        return f"manifest lists unknown idle actions {', '.join(unknown)}"
+    silent = sorted(a for a, n in coverage.items() if n == 0 and a not in idle)
+    if silent:
+        return f"actions never fire: {', '.join(silent)}"
+    busy = sorted(a for a in idle if coverage[a] > 0)
+    if busy:
+        return f"actions listed idle fire: {', '.join(busy)} (fix 'idle' in the manifest)"
+    return None
+
+
 def judge(entry: dict[str, Any], result: TlcResult) -> Verdict:
     """Compare one result with what the manifest expects."""
     expected = entry["expected"]
@@ -74,7 +99,11 @@ def judge(entry: dict[str, Any], result: TlcResult) -> Verdict:
                 entry, result, False,
                 f"distinct states {result.distinct_states} != manifest {recorded}",
             )
-        return Verdict(entry, result, True, "pass")
+        problem = coverage_problem(entry, result.coverage)
+        if problem is not None:
+            return Verdict(entry, result, False, problem)
+        fired = sum(1 for n in result.coverage.values() if n > 0)
+        return Verdict(entry, result, True, f"pass, {fired}/{len(result.coverage)} actions fire")
     if result.passed:
         return Verdict(entry, result, False, f"expected {expected} violated, TLC passed")
     if result.violated != expected:
@@ -82,11 +111,19 @@ def judge(entry: dict[str, Any], result: TlcResult) -> Verdict:
     return Verdict(entry, result, True, f"{expected} violated, as expected")
 
 
-def run_entry(entry: dict[str, Any], timeout: float) -> Verdict:
-    """Run one manifest entry and judge it."""
+def never_fired(verdicts: list[Verdict]) -> list[str]:
+    """Actions that fire in none of the passing models among ``verdicts``."""
+    passing = [v.result.coverage for v in verdicts if v.entry["expected"] == "pass"]
+    actions = {a for coverage in passing for a in coverage}
+    return sorted(a for a in actions if all(c.get(a, 0) == 0 for c in passing))
+
+
+def run_entry(entry: dict[str, Any], timeout: float, workers: str = "1") -> Verdict:
+    """Run one manifest entry (with action coverage) and judge it."""
     result = run_model(
         entry["name"], entry["module"], entry["config"],
         check_deadlock=bool(entry.get("check_deadlock", False)), timeout=timeout,
+        workers=workers, coverage=True,
     )
     return judge(entry, result)
 
@@ -120,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per model")
     parser.add_argument("--show-trace", action="store_true", help="print counterexamples")
     parser.add_argument(
+        "--workers", default="1", help="TLC workers per model (1 keeps counts reproducible)"
+    )
+    parser.add_argument(
         "--update", action="store_true", help="record measured counts in the manifest"
     )
     args = parser.parse_args(argv)
@@ -142,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         verdicts = []
         for entry in entries:
-            verdict = run_entry(entry, args.timeout)
+            verdict = run_entry(entry, args.timeout, args.workers)
             verdicts.append(verdict)
             print(f"{entry['name']}: {verdict.reason} ({verdict.result.seconds:.1f} s)", flush=True)
             if args.show_trace and verdict.result.counterexample:
@@ -153,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     report = write_report([v.result for v in verdicts], args.config)
     print(table(verdicts))
     print(f"report: {report}")
+    silent = [] if args.model else never_fired(verdicts)
+    if silent:
+        print(f"MISMATCH: actions that fire in no passing {args.config} model: {', '.join(silent)}")
     if args.update:
         for v in verdicts:
             v.entry["distinct_states"] = v.result.distinct_states
@@ -161,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         args.manifest.write_text(json.dumps(manifest, indent=2) + "\n")
         print(f"manifest updated: {args.manifest}")
         return 0
-    return 0 if all(v.matches for v in verdicts) else 1
+    return 0 if all(v.matches for v in verdicts) and not silent else 1
 
 
 if __name__ == "__main__":

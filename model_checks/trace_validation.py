@@ -5,24 +5,47 @@ Contract
 :func:`validate_trace` reads one trace (JSON lines, :mod:`htmqc.runtime.trace`,
 design notes §5) and returns a :class:`TraceReport`: ``ok`` is true when the
 trace is accepted by every check that ran, else ``violations`` names the first
-offending line, its event and partition, and the problem. Two checks:
+offending line, its event and partition, and the problem.
+:func:`validate_lines` does the same for trace lines held in memory (JSON
+texts or already decoded objects), e.g. from a Hypothesis state machine that
+drives a :class:`~htmqc.runtime.trace.TracingCore` writing to a
+``io.StringIO``::
+
+    out = io.StringIO()
+    core = TracingCore(out)
+    ...  # drive it
+    report = validate_lines(out.getvalue().splitlines(), mode="exactly-once")
+    assert report.ok, report.summary()
+
+Two checks:
 
 1. **Reference replay** (always; any size). The trace is replayed through
    :class:`model_checks.reference.ReferenceConsumer`, per partition and per
-   assignment epoch (each ``assign`` line starts a new epoch of that partition),
-   and after each batch the recorded ``next``/``processed``/``committed`` must
-   equal the model's. Beyond what the model itself refuses (an event from the
-   wrong lifecycle state, a batch below ``next``, an ack above the watermark,
-   work started while draining) the replay checks:
+   assignment epoch, and after each batch the recorded ``next``,
+   ``processed``, ``committed``, ``requested``, ``unsent`` and
+   ``finished_above`` must equal the model's. Beyond what the model itself
+   refuses (an event from the wrong lifecycle state, a batch below ``next``,
+   an ack above the watermark, work started while draining) the replay checks:
 
    * ``committed <= processed <= next`` in every recorded state;
+   * every ``commit_requested`` line hands out what the model hands out: the
+     watermark, only when something finished since the last request, with the
+     model's ``finished_above`` and the assignment's epoch (and, exactly-once,
+     the fence token that assignment's claim got);
    * no commit beyond the watermark (``commit_acked``/``commit_failed`` offset
      ``<= processed``; an acked commit moves ``committed`` forward);
+   * every offset list a line carries (a fetched batch, ``above``,
+     ``finished_above``) names each offset once, in increasing order, as the
+     runtime writes them;
    * no event for a partition this member does not hold (an effect after its
      epoch ended: revoked, crashed, or before its assignment);
+   * epochs: every assignment gets a fresh, larger epoch (the model's number:
+     one trace is one process) and every line of the assignment carries it;
+   * fences: each claim of a partition gets a larger fence token than the last;
    * the durable position never moves backwards: a new assignment starts at or
      above every offset this trace saw acked for the partition;
-   * a final commit handed out by ``revoked`` is the watermark.
+   * a final commit handed out by ``revoked`` is the watermark, announced by
+     the ``commit_requested`` line just before.
 
    Lines of one batch (consecutive, same partition, event and recorded state)
    are applied one offset at a time and compared once, after the last.
@@ -34,26 +57,32 @@ offending line, its event and partition, and the problem. Two checks:
    turned into a TLA+ module of constants (``TraceRun.tla``, see
    :func:`tla_module`) for ``tla/TraceConsumer.tla``, which EXTENDS
    ``Consumer.tla`` and lets each step be only the spec action the next trace
-   line names (spec/refinement.md maps the names). TLC, run by
+   line names (spec/refinement.md maps the names), with every recorded field
+   (watermarks, requested, unsent, finished above, epoch, fence, what a commit
+   request handed out) matched against the spec's view. TLC, run by
    :func:`model_checks.tlc.run_model` in a child JVM, then reports the
    invariant ``TraceUnmatched`` violated if a behaviour of the spec matches the
    whole trace (accepted); if it finishes without, no behaviour does
    (rejected, with the deepest line matched). Any of the spec's own invariants
    failing on the way also rejects.
 
-Trace format notes: lines may carry ``"above": [..]`` on ``assign`` (offsets
-finished above the committed one, from the sink); without it an assignment is
-taken to start with none. A last line cut short (the process was killed in
-the middle of a write) is ignored and noted in the report; a malformed line
-anywhere else is a violation. One trace file is one process: a restarted
-process must write a new file.
+Trace format notes: a line's ``state`` has ``next``, ``processed``,
+``committed``, ``requested``, ``unsent``, ``epoch`` and ``finished_above``
+(``{}`` once the partition is no longer held). Traces written before
+``requested`` was recorded (2026-11-23) are refused with a one-line usage
+error: record them again. ``assign`` lines carry ``"above"`` (offsets the
+sink held); ``commit_requested`` lines ``"above"`` and ``"epoch"`` of the
+commit; both ``"fence"`` in exactly-once runs. A last line cut short (the
+process was killed in the middle of a write) is ignored and noted in the
+report; a malformed line anywhere else is a violation. One trace file is one
+process: a restarted process must write a new file.
 
 Command line::
 
     python -m model_checks.trace_validation [--tlc|--no-tlc] [--mode MODE] TRACE...
 
 prints one line per trace and exits 0 if all are valid, 1 if any is not,
-2 on bad usage (a missing file).
+2 on bad usage (a missing file, a trace in the old format).
 """
 
 from __future__ import annotations
@@ -64,7 +93,7 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import count
 from pathlib import Path
@@ -89,6 +118,7 @@ EVENTS = frozenset(
         "retry_scheduled",
         "retry_due",
         "dead_lettered",
+        "commit_requested",
         "commit_acked",
         "commit_failed",
         "revoking",
@@ -99,13 +129,19 @@ EVENTS = frozenset(
 _LIFECYCLE = ("started", "succeeded", "failed", "retry_scheduled", "retry_due", "dead_lettered")
 _MODES = ("at-least-once", "exactly-once")
 _DEEPEST = re.compile(r'<<"deepest", (\d+)>>')
+#: The fields of a recorded state (besides the three watermarks).
+_STATE_KEYS = ("next", "processed", "committed", "requested", "unsent", "epoch", "finished_above")
 _runs = count()
 
 
 @dataclass(frozen=True)
 class Line:
-    """One trace line. ``state`` is ``None`` when the line carries none
-    (``revoked``, ``crashed``: the partition is no longer held)."""
+    """One trace line. ``state`` (next, processed, committed) is ``None`` when
+    the line carries none (``revoked``, ``crashed``: the partition is no longer
+    held); so are ``requested``, ``unsent``, ``epoch``. ``above`` is the
+    line's own list (``assign``: held by the sink; ``commit_requested``: the
+    commit's ``finished_above``), ``finished`` the state's ``finished_above``;
+    ``commit_epoch`` the commit's epoch."""
 
     number: int
     p: str
@@ -113,6 +149,17 @@ class Line:
     off: int | None
     state: tuple[int, int, int] | None
     above: tuple[int, ...] = ()
+    requested: int | None = None
+    unsent: bool | None = None
+    epoch: int | None = None
+    finished: tuple[int, ...] = ()
+    fence: int | None = None
+    commit_epoch: int | None = None
+
+    @property
+    def recorded(self) -> tuple[Any, ...]:
+        """Everything the line's ``state`` recorded."""
+        return (self.state, self.requested, self.unsent, self.epoch, self.finished)
 
 
 @dataclass(frozen=True)
@@ -186,13 +233,17 @@ class _Reject(Exception):
 # -- reading ------------------------------------------------------------------------------
 
 
+class _OldFormat(ValueError):
+    """A line written before the trace recorded ``requested`` and the rest."""
+
+
 def read_trace(path: str | Path) -> tuple[list[Line], bool, Violation | None]:
     """``(lines, truncated_tail, format_problem)`` of a trace file.
 
     Reading stops at the first malformed line, which becomes ``format_problem``
     (unless it is the last line and has no newline: a write cut short, ignored).
 
-    :raises UsageError: the file cannot be read.
+    :raises UsageError: the file cannot be read, or it is in the old format.
     """
     try:
         raw = Path(path).read_bytes()
@@ -200,16 +251,35 @@ def read_trace(path: str | Path) -> tuple[list[Line], bool, Violation | None]:
         raise UsageError(
             f"cannot read trace {path}: {exc.strerror or exc}", "pass the file --trace wrote"
         ) from None
-    chunks = raw.split(b"\n")
+    return parse_lines(raw.split(b"\n"), name=str(path), cut_short_tail=True)
+
+
+def parse_lines(
+    chunks: Iterable[bytes | str | Mapping[str, Any]],
+    *,
+    name: str = "<memory>",
+    cut_short_tail: bool = False,
+) -> tuple[list[Line], bool, Violation | None]:
+    """Trace lines (JSON texts or decoded objects) as :class:`Line` values:
+    ``(lines, truncated_tail, format_problem)`` as :func:`read_trace`.
+
+    :raises UsageError: the lines are in the old format.
+    """
+    items = list(chunks)
     truncated = False
     lines: list[Line] = []
-    for number, chunk in enumerate(chunks, start=1):
-        if not chunk.strip():
+    for number, chunk in enumerate(items, start=1):
+        if isinstance(chunk, bytes | str) and not chunk.strip():
             continue
         try:
             lines.append(_parse(number, chunk))
+        except _OldFormat as exc:
+            raise UsageError(
+                f"trace {name} line {number} is in the old format ({exc})",
+                "record the trace again with this version of htmqc (--trace)",
+            ) from None
         except ValueError as exc:
-            if number == len(chunks):  # no newline after it: cut short by a kill
+            if cut_short_tail and number == len(items):  # no newline: cut short by a kill
                 truncated = True
                 break
             return lines, truncated, Violation(number, "?", "?", f"malformed line: {exc}", "format")
@@ -222,12 +292,21 @@ def _int(value: Any, what: str) -> int:
     return value
 
 
-def _parse(number: int, chunk: bytes) -> Line:
-    try:
-        data = json.loads(chunk)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"not JSON ({exc})") from None
-    if not isinstance(data, dict):
+def _offsets(value: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise ValueError(f"{what} is not a list")
+    return tuple(_int(o, what) for o in value)
+
+
+def _parse(number: int, chunk: bytes | str | Mapping[str, Any]) -> Line:
+    if isinstance(chunk, Mapping):
+        data: Any = chunk
+    else:
+        try:
+            data = json.loads(chunk)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"not JSON ({exc})") from None
+    if not isinstance(data, Mapping):
         raise ValueError("not a JSON object")
     p, ev = data.get("p"), data.get("ev")
     if not isinstance(p, str) or "/" not in p:
@@ -237,16 +316,32 @@ def _parse(number: int, chunk: bytes) -> Line:
     off = data.get("off")
     off = None if off is None else _int(off, '"off"')
     raw_state = data.get("state")
-    if not isinstance(raw_state, dict):
+    if not isinstance(raw_state, Mapping):
         raise ValueError('"state" is not an object')
+    fields: dict[str, Any] = {}
     state = None
     if raw_state:
-        state = tuple(_int(raw_state.get(k), k) for k in ("next", "processed", "committed"))
-    raw_above = data.get("above", [])
-    if not isinstance(raw_above, list):
-        raise ValueError('"above" is not a list')
-    above = tuple(_int(o, '"above"') for o in raw_above)
-    return Line(number, p, ev, off, state, above)  # type: ignore[arg-type]
+        if "next" in raw_state and "requested" not in raw_state:
+            raise _OldFormat("its states have no requested, unsent, epoch")
+        missing = [k for k in _STATE_KEYS if k not in raw_state]
+        if missing:
+            raise ValueError(f'"state" lacks {", ".join(missing)}')
+        state = tuple(_int(raw_state[k], k) for k in ("next", "processed", "committed"))
+        if not isinstance(raw_state["unsent"], bool):
+            raise ValueError(f'"unsent" is {raw_state["unsent"]!r}, not true or false')
+        fields = {
+            "requested": _int(raw_state["requested"], "requested"),
+            "unsent": raw_state["unsent"],
+            "epoch": _int(raw_state["epoch"], "epoch"),
+            "finished": _offsets(raw_state["finished_above"], '"finished_above"'),
+        }
+    above = _offsets(data.get("above", []), '"above"')
+    fence = data.get("fence")
+    if fence is not None:
+        fields["fence"] = _int(fence, '"fence"')
+    if ev == "commit_requested":
+        fields["commit_epoch"] = _int(data.get("epoch"), '"epoch"')
+    return Line(number, p, ev, off, state, above, **fields)  # type: ignore[arg-type]
 
 
 def batches(lines: Sequence[Line]) -> list[list[Line]]:
@@ -255,18 +350,28 @@ def batches(lines: Sequence[Line]) -> list[list[Line]]:
     state after the whole batch). ``assign``, ``revoked``, ``crashed``,
     ``commit_*`` lines stand alone."""
     out: list[list[Line]] = []
-    alone = ("assign", "revoked", "crashed", "commit_acked", "commit_failed", "revoking")
+    alone = (
+        "assign", "revoked", "crashed", "commit_requested", "commit_acked", "commit_failed",
+        "revoking",
+    )
     for line in lines:
         last = out[-1][-1] if out else None
         if (
             last is not None
             and line.ev not in alone
-            and (last.p, last.ev, last.state) == (line.p, line.ev, line.state)
+            and (last.p, last.ev, last.recorded) == (line.p, line.ev, line.recorded)
         ):
             out[-1].append(line)
         else:
             out.append([line])
     return out
+
+
+def fetched_offsets(offsets: list[int], end: int) -> list[int]:
+    """The offsets a fetched batch of lines with these ``off`` values and state
+    ``next == end`` lists: none for a gap report (``fetched([], end)`` is written
+    as one line whose offset is ``end``), else all of them, as written."""
+    return [] if offsets == [end] else offsets
 
 
 def _tp(name: str) -> tuple[str, int]:
@@ -282,12 +387,16 @@ class _Replay:
 
     def __init__(self) -> None:
         self.ref = ReferenceConsumer(max_retries=1 << 30)
-        self.epochs: dict[str, int] = {}
         self.acked: dict[str, int] = {}
         self.crashed: set[str] = set()
         self.assignments = 0
         #: The last recorded state of each held partition (this epoch).
         self.last: dict[str, tuple[int, int, int]] = {}
+        #: The fence token of each partition's last claim, and of its current one.
+        self.fences: dict[str, int] = {}
+        self.fence: dict[str, int | None] = {}
+        #: The last line of each partition (a final commit must follow its request).
+        self.previous: dict[str, Line] = {}
 
     def part(self, line: Line) -> RefPartition:
         part = self.ref.parts.get(_tp(line.p))
@@ -311,19 +420,15 @@ class _Replay:
                 part = self.part(first)
                 offsets = [_need_off(x) for x in batch]
                 self.ref.event(ev, _tp(first.p), part.epoch, offsets)
+            elif ev == "commit_requested":
+                self.commit_requested(first)
             elif ev in ("commit_acked", "commit_failed"):
                 self.commit(first)
             elif ev == "revoking":
                 self.part(first)
                 self.ref.revoking(_tp(first.p))
             elif ev == "revoked":
-                part = self.part(first)
-                if first.off is not None and first.off != part.processed():
-                    raise _Reject(
-                        first,
-                        f"final commit {first.off} is not the watermark {part.processed()}",
-                    )
-                self.ref.parts.pop(_tp(first.p))
+                self.revoked(first)
             elif ev == "crashed":
                 if _tp(first.p) in self.ref.parts:
                     self.crashed = {f"{t}/{p}" for t, p in self.ref.parts}
@@ -333,6 +438,7 @@ class _Replay:
         except RefError as exc:
             raise _Reject(batch[-1], f"the model refuses it: {exc}") from None
         self.compare(batch[-1])
+        self.previous[first.p] = batch[-1]
 
     def assign(self, line: Line) -> None:
         committed = _need_off(line)
@@ -346,9 +452,18 @@ class _Replay:
         tp = _tp(line.p)
         if tp in self.ref.parts:
             raise _Reject(line, "assigned while already held")
+        if line.fence is not None:
+            last = self.fences.get(line.p)
+            if last is not None and line.fence <= last:
+                raise _Reject(
+                    line, f"claim got fence {line.fence}, not above the last claim's {last}"
+                )
+            self.fences[line.p] = line.fence
+        self.fence[line.p] = line.fence
+        if list(line.above) != sorted(set(line.above)):
+            raise _Reject(line, f"assign carries above {list(line.above)}, not in increasing order")
         self.ref.assign(tp, committed, line.above)
         self.last.pop(line.p, None)
-        self.epochs[line.p] = self.epochs.get(line.p, 0) + 1
         self.assignments += 1
         self.crashed.discard(line.p)
 
@@ -358,14 +473,32 @@ class _Replay:
         if first.state is None:
             raise _Reject(first, "fetched without a state")
         end = first.state[0]
-        offsets = [_need_off(x) for x in batch]
-        if len(offsets) == 1 and offsets[0] == end:
-            offsets = []  # a gap report: fetched([], end)
-        elif any(o >= end for o in offsets):
+        offsets = fetched_offsets([_need_off(x) for x in batch], end)
+        if any(o >= end for o in offsets):
             raise _Reject(first, f"fetched offsets {offsets} reach past next={end}")
         if end <= part.next:
             raise _Reject(first, f"fetched does not move next ({part.next} -> {end})")
         self.ref.fetched(_tp(first.p), part.epoch, offsets, end)
+
+    def commit_requested(self, line: Line) -> None:
+        part = self.part(line)
+        above = part.observe()["finished_above"]
+        off = self.ref.commit_requested(_tp(line.p))
+        if off is None:
+            raise _Reject(line, "commit requested with nothing finished since the last request")
+        if line.off != off:
+            raise _Reject(line, f"commit hands out {line.off}, the watermark is {off}")
+        if list(line.above) != above:
+            raise _Reject(
+                line, f"commit carries finished_above {list(line.above)}, the model {above}"
+            )
+        if line.commit_epoch != part.epoch:
+            raise _Reject(
+                line, f"commit of epoch {line.commit_epoch}, the assignment's is {part.epoch}"
+            )
+        fence = self.fence.get(line.p)
+        if line.fence is not None and fence is not None and line.fence != fence:
+            raise _Reject(line, f"commit carries fence {line.fence}, the claim got {fence}")
 
     def commit(self, line: Line) -> None:
         part = self.part(line)
@@ -379,6 +512,20 @@ class _Replay:
         if not self.ref.commit_acked(_tp(line.p), part.epoch, off):
             raise _Reject(line, f"ack of {off} does not move committed={part.committed}")
         self.acked[line.p] = max(self.acked.get(line.p, 0), off)
+
+    def revoked(self, line: Line) -> None:
+        part = self.part(line)
+        if line.off is not None:
+            if line.off != part.processed():
+                raise _Reject(
+                    line, f"final commit {line.off} is not the watermark {part.processed()}"
+                )
+            before = self.previous.get(line.p)
+            if before is None or (before.ev, before.off) != ("commit_requested", line.off):
+                raise _Reject(line, f"final commit {line.off} without its commit_requested line")
+        elif self.ref.commit_requested(_tp(line.p)) is not None:
+            raise _Reject(line, "revoked without the final commit the model hands out")
+        self.ref.parts.pop(_tp(line.p))
 
     def compare(self, line: Line) -> None:
         part = self.ref.parts.get(_tp(line.p))
@@ -409,6 +556,17 @@ class _Replay:
                 "recorded state (next, processed, committed) = "
                 f"{line.state} but the model has {model}",
             )
+        observed = part.observe()
+        recorded = {
+            "requested": line.requested,
+            "unsent": line.unsent,
+            "epoch": line.epoch,
+            "finished_above": list(line.finished),
+        }
+        for name, value in recorded.items():
+            expected = part.unsent if name == "unsent" else observed[name]
+            if value != expected:
+                raise _Reject(line, f"recorded {name} {value!r} but the model has {expected!r}")
         _prune(part, model[1])
 
 
@@ -449,6 +607,12 @@ def _tla_set(values: Any) -> str:
     return "{" + ", ".join(str(v) for v in sorted(values)) + "}"
 
 
+def _tla_seq(values: Sequence[int]) -> str:
+    """A line's offset list as written (order and repeats kept: the spec checks
+    them, see ``Lists`` in TraceConsumer.tla)."""
+    return "<<" + ", ".join(str(v) for v in values) + ">>"
+
+
 def _tla_fun(mapping: dict[str, str]) -> str:
     return " @@ ".join(f"({json.dumps(k)} :> {v})" for k, v in sorted(mapping.items()))
 
@@ -458,6 +622,9 @@ def tla_module(lines: Sequence[Line], mode: str, name: str = "TraceRun") -> tupl
 
     Every trace line becomes one record of ``Trace``, except a fetched batch,
     which is one record (the spec's ``Fetched`` covers a range in one step).
+    A record's offset lists (``offs``, ``fa``, ``above``) are TLA+ sequences
+    holding exactly what the lines wrote, so that a repeated or misordered
+    offset reaches the spec instead of vanishing into a set.
     """
     if mode not in _MODES:
         raise UsageError(f"unknown mode {mode!r}", f"use one of {', '.join(_MODES)}")
@@ -466,7 +633,7 @@ def tla_module(lines: Sequence[Line], mode: str, name: str = "TraceRun") -> tupl
     end: dict[str, int] = {p: 0 for p in parts}
     start: dict[str, int] = {}
     start_above: dict[str, tuple[int, ...]] = {}
-    points: dict[str, set[int]] = {p: set() for p in parts}
+    first_fence: dict[str, int] = {}
     assigns: dict[str, int] = {p: 0 for p in parts}
     fails: dict[tuple[str, int, int], int] = {}
     records: list[str] = []
@@ -479,28 +646,28 @@ def tla_module(lines: Sequence[Line], mode: str, name: str = "TraceRun") -> tupl
         for x in batch:
             if x.off is not None:
                 highest = max(highest, x.off)
+            highest = max([highest, *x.above, *x.finished])
         if first.ev == "assign":
             assigns[p] += 1
             if p not in start:
                 start[p], start_above[p] = first.off or 0, first.above
-            points[p].add(first.off or 0)
-        elif first.ev in ("commit_acked", "commit_failed", "revoked") and first.off is not None:
-            points[p].add(first.off)
+            if p not in first_fence and first.fence is not None:
+                first_fence[p] = first.fence
         elif first.ev == "failed":
             for x in batch:
                 key = (p, assigns[p], x.off or 0)
                 fails[key] = fails.get(key, 0) + 1
         if first.ev == "fetched":
             nxt = first.state[0] if first.state else 0
-            offs = [x.off for x in batch if x.off is not None and x.off < nxt]
-            log[p].update(offs)
+            offs = fetched_offsets([-1 if x.off is None else x.off for x in batch], nxt)
+            log[p].update(o for o in offs if 0 <= o < nxt)
             records.append(_record(batch[-1], offs, check=True))
         else:
             for k, x in enumerate(batch):
                 records.append(_record(x, [], check=k == len(batch) - 1))
     max_end = max([highest + 1, *end.values(), *start.values(), 1])
     for p in parts:
-        end[p] = max(end[p], start.get(p, 0))
+        end[p] = max([end[p], start.get(p, 0), *(o + 1 for o in start_above.get(p, ()))])
     module = "\n".join(
         [
             f"---- MODULE {name} ----",
@@ -511,7 +678,7 @@ def tla_module(lines: Sequence[Line], mode: str, name: str = "TraceRun") -> tupl
             f"RunEnd == {_tla_fun({p: str(end[p]) for p in parts})}",
             f"RunStart == {_tla_fun({p: str(start.get(p, 0)) for p in parts})}",
             f"RunStartAbove == {_tla_fun({p: _tla_set(start_above.get(p, ())) for p in parts})}",
-            f"RunPoints == {_tla_fun({p: _tla_set(points[p]) for p in parts})}",
+            f"RunFirstFence == {_tla_fun({p: str(first_fence.get(p, 0)) for p in parts})}",
             "RunTrace == <<",
             ",\n".join(records),
             ">>",
@@ -521,6 +688,7 @@ def tla_module(lines: Sequence[Line], mode: str, name: str = "TraceRun") -> tupl
         ]
     )
     crashes = sum(1 for x in lines if x.ev == "crashed")
+    top_fence = max([0, *(x.fence for x in lines if x.fence is not None)])
     cfg = "\n".join(
         [
             "\\* Generated by model_checks/trace_validation.py: trace validation of one trace.",
@@ -530,24 +698,25 @@ def tla_module(lines: Sequence[Line], mode: str, name: str = "TraceRun") -> tupl
             "    End <- RunEnd",
             "    Start <- RunStart",
             "    StartAbove <- RunStartAbove",
-            "    CommitPoints <- RunPoints",
+            "    FirstFence <- RunFirstFence",
             "    Trace <- RunTrace",
             "    Members = {m1}",
             "    M = m1",
             "    NoMember = NoMember",
             f"    Workers = {len({(x.p, x.off) for x in lines if x.ev == 'started'}) + 1}",
             f"    MaxRetries = {max([0, *fails.values()])}",
-            f"    MaxEpoch = {max([0, *assigns.values()]) + 1}",
+            f"    MaxEpoch = {max([max([0, *assigns.values()]) + 1, top_fence])}",
             f"    MaxCrashes = {crashes}",
             f"    MaxExpiries = {sum(1 for x in lines if x.ev == 'revoked')}",
             "    TransientFailures = TRUE",
             f'    MODE = "{mode}"',
             "    FENCE = TRUE",
+            "    EPOCH_CHECK = TRUE",
             "    COMMIT_NEXT = FALSE",
             "    FORGET_SKIP = FALSE",
             "INIT TraceInit",
             "NEXT TraceNext",
-            "INVARIANTS TraceUnmatched TypeOK OffsetOrder NoLoss"
+            "INVARIANTS TraceUnmatched TypeOK OffsetOrder WorkTagged NoLoss"
             + (" NoDuplicateEffect" if mode == "exactly-once" else ""),
             "PROPERTY CommittedMonotonic",
             "",
@@ -558,12 +727,18 @@ def tla_module(lines: Sequence[Line], mode: str, name: str = "TraceRun") -> tupl
 
 def _record(line: Line, offs: list[int], *, check: bool) -> str:
     nxt, processed, committed = line.state if line.state is not None else (0, 0, 0)
+    epoch = line.commit_epoch if line.ev == "commit_requested" else line.epoch
     return (
         f'[ev |-> "{line.ev}", p |-> {json.dumps(line.p)}, '
-        f"off |-> {-1 if line.off is None else line.off}, offs |-> {_tla_set(offs)}, "
+        f"off |-> {-1 if line.off is None else line.off}, offs |-> {_tla_seq(offs)}, "
         f"check |-> {'TRUE' if check else 'FALSE'}, "
         f"held |-> {'TRUE' if line.state is not None else 'FALSE'}, "
-        f"next |-> {nxt}, processed |-> {processed}, committed |-> {committed}]"
+        f"next |-> {nxt}, processed |-> {processed}, committed |-> {committed}, "
+        f"requested |-> {line.requested or 0}, "
+        f"unsent |-> {'TRUE' if line.unsent else 'FALSE'}, "
+        f"fa |-> {_tla_seq(line.finished)}, epoch |-> {epoch or 0}, "
+        f"above |-> {_tla_seq(line.above)}, "
+        f"fence |-> {-1 if line.fence is None else line.fence}]"
     )
 
 
@@ -644,15 +819,51 @@ def validate_trace(
     always, ``False`` never. ``mode`` is the run's delivery mode (it decides
     the spec's MODE for TLC).
 
-    :raises UsageError: the file cannot be read, or ``mode`` is unknown.
+    :raises UsageError: the file cannot be read, is in the old format, or
+        ``mode`` is unknown.
     :raises RuntimeFailure: TLC was asked for and could not run.
     """
+    _check_mode(mode)
+    lines, truncated, problem = read_trace(path)
+    return _validate(str(path), lines, truncated, problem, tlc, mode)
+
+
+def validate_lines(
+    lines: Iterable[str | bytes | Mapping[str, Any]],
+    *,
+    tlc: bool | None = False,
+    mode: str = "at-least-once",
+    name: str = "<memory>",
+) -> TraceReport:
+    """Validate trace lines held in memory: JSON texts (as
+    :class:`~htmqc.runtime.trace.TracingCore` writes them) or decoded objects.
+    The checks and the report are :func:`validate_trace`'s; TLC runs only when
+    asked (``tlc=True``, or ``None`` for small traces), since it takes seconds.
+
+    :raises UsageError: the lines are in the old format, or ``mode`` is unknown.
+    :raises RuntimeFailure: TLC was asked for and could not run.
+    """
+    _check_mode(mode)
+    parsed, truncated, problem = parse_lines(lines, name=name)
+    return _validate(name, parsed, truncated, problem, tlc, mode)
+
+
+def _check_mode(mode: str) -> None:
     if mode not in _MODES:
         raise UsageError(f"unknown mode {mode!r}", f"use one of {', '.join(_MODES)}")
-    lines, truncated, problem = read_trace(path)
+
+
+def _validate(
+    name: str,
+    lines: list[Line],
+    truncated: bool,
+    problem: Violation | None,
+    tlc: bool | None,
+    mode: str,
+) -> TraceReport:
     violation, n_batches, epochs = replay_reference(lines)
     report = TraceReport(
-        path=str(path),
+        path=name,
         lines=len(lines),
         batches=n_batches,
         partitions=sorted({x.p for x in lines}),

@@ -13,6 +13,7 @@ it is byte-for-byte reproducible.
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -122,11 +123,13 @@ def _edge(src: tuple[int, int], dst: tuple[int, int], label: str) -> str:
     if dx > sx:  # forward: right side of the source to the left side of the target
         x1, y1, x2, y2 = sx + BOX_W, sy + BOX_H // 2, dx, dy + BOX_H // 2
         lx, ly = (x1 + x2) // 2, (y1 + y2) // 2 - 6
-        anchor = "middle" if y1 == y2 else "start"  # beside a slanted line, not on it
-        lx += 0 if y1 == y2 else 12
+        # A slanted edge's label runs along it, so the edges fanning out of one
+        # state keep their labels apart.
+        angle = math.degrees(math.atan2(y2 - y1, x2 - x1))
+        turn = f' transform="rotate({angle:.1f} {lx} {ly})"' if y1 != y2 else ""
         return (
             f'<g class="edge"><line x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" stroke="black" '
-            f'marker-end="url(#arrow)"/><text x="{lx}" y="{ly}" text-anchor="{anchor}" '
+            f'marker-end="url(#arrow)"/><text x="{lx}" y="{ly}" text-anchor="middle"{turn} '
             f'fill="#1a4d8f">{text}</text></g>'
         )
     # back (or same column): an arc above the boxes, top to top

@@ -1,11 +1,33 @@
-"""Shared pytest fixtures: the bundled broker and fresh topics on it; and the
-Hypothesis profiles, chosen by ``HYPOTHESIS_PROFILE``: ``ci`` (default, bounded)
-and ``thorough`` (``make verify-long``).
+"""Shared pytest fixtures: the brokers and fresh topics on them; and the
+Hypothesis profiles, chosen by ``HYPOTHESIS_PROFILE``: ``ci`` (default, bounded),
+``thorough`` (``make verify-long``) and ``fast`` (a developer's quick run; it
+misses bugs that ``ci`` finds).
 
-Tests that use them carry ``@pytest.mark.broker``. One broker serves the
-whole session (it starts in well under a second and keeps data in memory);
-each test gets its own uniquely named topics, so tests do not see each
-other's messages.
+Broker tests carry ``@pytest.mark.broker`` and take the ``broker`` fixture (or
+``new_topic``); each test gets its own uniquely named topics, so tests do not see
+each other's messages. Which broker a test gets is its ``broker_kind``
+parameter (the test id ends in ``[tansu]``, ``[kafka]`` or ``[kafka3]``):
+
+- ``tansu``: the bundled broker (:mod:`htmqc.broker`), one per session; it
+  starts in well under a second and keeps data in memory;
+- ``kafka``: Apache Kafka, one combined KRaft node per session
+  (:mod:`htmqc.kafka_cluster`), started when the first test needs it;
+- ``kafka3``: a three-node Kafka cluster (replication factor 3, min ISR 2), per
+  session, for tests that need replication or failover.
+
+Where a test runs: ``@pytest.mark.brokers("tansu", "kafka")`` on the module or
+test lists its kinds; a broker test without it runs on Tansu, and with
+``--kafka-full`` on Kafka too (the long tier; those Kafka instances also carry
+``kafka_full``, and so may a test by hand: it is skipped without the option).
+``@pytest.mark.tansu_only`` marks tests of the bundled broker itself (never on
+Kafka). ``@pytest.mark.tansu_deviation("why")`` marks a test that passes on
+Kafka and fails on Tansu because Tansu deviates from Kafka: it runs on both by
+default, a strict ``xfail`` on Tansu. A test that takes the ``group_protocol``
+fixture runs on Kafka under both consumer-group protocols (``[kafka]`` classic,
+``[kafka-consumer]`` KIP-848). Every Kafka instance carries the marker
+``kafka``: ``-m "not kafka"`` runs without Java, ``-m kafka`` only on Kafka. The
+markers are registered here (:data:`MARKERS`), as pyproject.toml's
+``--strict-markers`` wants.
 """
 
 from __future__ import annotations
@@ -20,28 +42,151 @@ from hypothesis import HealthCheck, settings
 
 from htmqc.broker import Broker, create_topic, start_broker
 from htmqc.errors import HtmqcError
+from htmqc.kafka_cluster import KafkaCluster, java_binary, kafka_libs, start_kafka
+from tests.services import missing
 
 TopicFactory = Callable[..., str]
 
-settings.register_profile(
-    "ci",
-    max_examples=300,
-    stateful_step_count=100,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
+#: profile -> (max_examples, stateful_step_count); the tests set no budgets of their own.
+PROFILES = {"ci": (300, 100), "thorough": (5000, 200), "fast": (40, 50)}
+for _name, (_examples, _steps) in PROFILES.items():
+    settings.register_profile(
+        _name,
+        max_examples=_examples,
+        stateful_step_count=_steps,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+
+
+def _load_hypothesis_profile() -> None:
+    """Load the profile ``HYPOTHESIS_PROFILE`` names (default ``ci``)."""
+    name = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+    if name not in PROFILES:
+        raise pytest.UsageError(
+            f"HYPOTHESIS_PROFILE={name!r} is not a profile; use one of {', '.join(PROFILES)}"
+        )
+    settings.load_profile(name)
+
+
+BROKER_KINDS = ("tansu", "kafka", "kafka3")
+MARKERS = (
+    "brokers(*kinds): the broker kinds (tansu, kafka, kafka3) a broker test runs on by default",
+    "tansu_only: tests the bundled broker itself; never runs on Apache Kafka",
+    "tansu_deviation(reason): Tansu deviates from Kafka here: strict xfail on Tansu, "
+    "a plain test on Kafka",
+    "kafka: this test instance runs on Apache Kafka (applied automatically)",
+    "kafka_full: a Kafka test that runs only with --kafka-full (the long tier)",
 )
-settings.register_profile(
-    "thorough",
-    max_examples=5000,
-    stateful_step_count=200,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--kafka-full",
+        action="store_true",
+        default=False,
+        help="run every broker test on Apache Kafka too, not only the default Kafka set",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _load_hypothesis_profile()
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize ``broker_kind`` (and ``group_protocol``) by the test's markers.
+
+    A test that takes ``group_protocol`` runs on every Kafka kind under both
+    group protocols (``classic``, and KIP-848's ``consumer``, id suffix
+    ``-consumer``); Tansu has the classic protocol only.
+    """
+    if "broker_kind" not in metafunc.fixturenames:
+        return
+    node = metafunc.definition
+    chosen = node.get_closest_marker("brokers")
+    kinds = list(chosen.args) if chosen is not None else ["tansu"]
+    unknown = sorted(set(kinds) - set(BROKER_KINDS))
+    if unknown:
+        raise pytest.UsageError(f"{node.nodeid}: unknown broker kinds {unknown}")
+    deviation = node.get_closest_marker("tansu_deviation")
+    if deviation is not None and "kafka" not in kinds:
+        kinds.append("kafka")  # the deviation is shown by the Kafka twin passing
+    extra = (
+        metafunc.config.getoption("kafka_full")
+        and "kafka" not in kinds
+        and node.get_closest_marker("tansu_only") is None
+    )
+    protocols = "group_protocol" in metafunc.fixturenames
+    params = []
+    for kind in [*kinds, *(["kafka"] if extra else [])]:
+        marks: list[pytest.MarkDecorator] = []
+        if kind != "tansu":
+            marks.append(pytest.mark.kafka)
+        if kind == "kafka" and extra:
+            marks.append(pytest.mark.kafka_full)
+        if kind == "tansu" and deviation is not None:
+            marks.append(pytest.mark.xfail(strict=True, reason=str(deviation.args[0])))
+        if not protocols:
+            params.append(pytest.param(kind, marks=marks, id=kind))
+            continue
+        params.append(pytest.param(kind, "classic", marks=marks, id=kind))
+        if kind != "tansu":
+            params.append(pytest.param(kind, "consumer", marks=marks, id=f"{kind}-consumer"))
+    names = ["broker_kind", "group_protocol"] if protocols else ["broker_kind"]
+    metafunc.parametrize(names, params, indirect=True)
+
+
+#: Fixtures that start or need a broker: a test using one is ``slow``.
+_BROKER_FIXTURES = frozenset({"broker", "tansu_broker", "kafka_broker", "kafka3_broker"})
+
+
+def _slow(item: pytest.Item) -> bool:
+    """Whether ``item`` belongs to the slow tier: it needs a broker (or Java), runs
+    Spark, or is marked ``slow`` by hand (subprocesses, long runs)."""
+    if item.get_closest_marker("slow") is not None or item.get_closest_marker("kafka"):
+        return True
+    if _BROKER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    return "spark" in item.path.parts
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``kafka_full`` by hand run only with ``--kafka-full``; the slow
+    tier (:func:`_slow`) is marked ``slow``, so ``-m "not slow"`` is the fast one."""
+    for item in items:
+        if _slow(item) and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
+    if config.getoption("kafka_full"):
+        return
+    skip = pytest.mark.skip(reason="the long Kafka tier: run with --kafka-full")
+    for item in items:
+        if item.get_closest_marker("kafka_full") is not None:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def broker_kind(request: pytest.FixtureRequest) -> str:
+    """The kind of broker this test instance runs on (see the module docs)."""
+    return str(request.param)
+
+
+@pytest.fixture
+def group_protocol(request: pytest.FixtureRequest) -> str:
+    """The consumer-group protocol this test instance runs ``htmqc run`` with."""
+    return str(request.param)
+
+
+@pytest.fixture
+def broker(broker_kind: str, request: pytest.FixtureRequest) -> Broker | KafkaCluster:
+    """The session's broker of this test's kind; ``.bootstrap`` is for clients."""
+    running: Broker | KafkaCluster = request.getfixturevalue(f"{broker_kind}_broker")
+    return running
 
 
 @pytest.fixture(scope="session")
-def broker() -> Iterator[Broker]:
+def tansu_broker() -> Iterator[Broker]:
     """One bundled broker on a free loopback port for the whole session."""
     try:
         running = start_broker()
@@ -51,8 +196,35 @@ def broker() -> Iterator[Broker]:
         yield running
 
 
+def _kafka(nodes: int) -> Iterator[KafkaCluster]:
+    try:
+        java_binary()
+        kafka_libs()
+    except HtmqcError as exc:
+        missing(exc.problem)
+    try:
+        cluster = start_kafka(nodes)
+    except HtmqcError as exc:
+        pytest.fail(f"cannot start Apache Kafka ({nodes} nodes): {exc.line()}", pytrace=False)
+    with cluster:
+        cluster.warm_up()  # internal topics now, not under the first test's feet
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[KafkaCluster]:
+    """One combined Apache Kafka node for the whole session (started on first use)."""
+    yield from _kafka(1)
+
+
+@pytest.fixture(scope="session")
+def kafka3_broker() -> Iterator[KafkaCluster]:
+    """A three-node Apache Kafka cluster for the whole session (started on first use)."""
+    yield from _kafka(3)
+
+
 @pytest.fixture
-def new_topic(broker: Broker, request: pytest.FixtureRequest) -> TopicFactory:
+def new_topic(broker: Broker | KafkaCluster, request: pytest.FixtureRequest) -> TopicFactory:
     """``new_topic(partitions=1, prefix=None) -> name``: a fresh topic on ``broker``."""
 
     def make(partitions: int = 1, prefix: str | None = None) -> str:

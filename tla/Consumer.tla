@@ -6,36 +6,55 @@
 (*   - P partitions whose logs have gaps (compaction, transaction markers);*)
 (*   - a group of C members; the coordinator assigns each partition to at  *)
 (*     most one member at a time and gives every assignment a fresh epoch; *)
-(*   - per member, a bounded pool of workers finishing messages out of     *)
-(*     order, with failures, retries and dead-lettering (the lifecycle of  *)
-(*     src/htmqc/core/lifecycle.py, same state and event names);           *)
+(*   - per member, a bounded pool of workers running handlers; each        *)
+(*     running handler is tagged with the epoch of the assignment it was   *)
+(*     started under and outlives revocation, so a member reassigned a     *)
+(*     partition can hear its old work finish: the core ignores it (late); *)
+(*   - the message lifecycle of src/htmqc/core/lifecycle.py, with the      *)
+(*     failure decision of ConsumerCore.failed (retry or dead letter);     *)
 (*   - per member and partition, the view of PartitionTracker: next,       *)
-(*     processed, committed, requested and per-offset states;              *)
+(*     processed, committed, requested, unsent (something finished since   *)
+(*     the last commit request), per-offset states and the offsets the     *)
+(*     sink held at assignment (skip);                                     *)
 (*   - commits whose answers travel through a network that delays,         *)
 (*     duplicates, reorders and loses them;                                *)
-(*   - member crash and restart (volatile state lost, restart from the     *)
-(*     durable position), session expiry leaving a zombie that still       *)
-(*     believes it owns its partitions, voluntary revocation;              *)
+(*   - member crash and restart (volatile state and running work lost,     *)
+(*     restart from the durable position), session expiry leaving a zombie *)
+(*     that still believes it owns its partitions, voluntary revocation;   *)
 (*   - a sink, in two MODEs:                                               *)
-(*       "at-least-once": the handler stores the effect, the watermark is  *)
-(*                        committed to Kafka afterwards;                   *)
-(*       "exactly-once" : effects and the watermark (plus the offsets      *)
-(*                        finished above it) are stored in one sink        *)
-(*                        transaction fenced by the partition's epoch.     *)
+(*       "at-least-once": the handler stores the effect, the watermark and *)
+(*                        the offsets finished above it are committed to   *)
+(*                        Kafka afterwards (commit metadata), accepted     *)
+(*                        only from the partition's current owner (the     *)
+(*                        broker's generation check);                      *)
+(*       "exactly-once" : effects, the watermark and the offsets finished  *)
+(*                        above it are stored in one sink transaction. The *)
+(*                        sink keeps a fence token per partition; every    *)
+(*                        claim (assignment, restart) bumps it, the member *)
+(*                        keeps the token it got, a transaction carries    *)
+(*                        that token and the sink refuses a stale one.     *)
 (*                                                                         *)
 (* What is verified (see MCConsumer.tla and tla/manifest.json)             *)
-(*   TypeOK, OffsetOrder, CommittedMonotonic, NoLoss in both modes;        *)
-(*   NoDuplicateEffect in exactly-once mode (TLC finds a counterexample in *)
-(*   at-least-once mode: duplicates there are documented, not a bug);      *)
-(*   AllFinished (liveness) under weak fairness of the non-fault actions.  *)
-(*   Two mutant switches show the properties have teeth: COMMIT_NEXT       *)
-(*   (commit `next` instead of the watermark) breaks NoLoss; FENCE = FALSE *)
-(*   (exactly-once sink without the epoch fence) breaks NoDuplicateEffect. *)
+(*   TypeOK, OffsetOrder, WorkTagged, OneTokenHolder, CommittedMonotonic,  *)
+(*   NoLoss in both modes; NoDuplicateEffect in exactly-once mode (TLC     *)
+(*   finds a counterexample in at-least-once mode: duplicates there are    *)
+(*   documented, not a bug); AllFinished (liveness) under weak fairness of *)
+(*   the non-fault actions. Mutant switches show the properties have       *)
+(*   teeth: COMMIT_NEXT (commit `next`) breaks NoLoss; FENCE = FALSE (the  *)
+(*   sink takes a stale token) breaks NoDuplicateEffect; EPOCH_CHECK =     *)
+(*   FALSE (the core takes an event of an earlier assignment) breaks       *)
+(*   NoLoss; FORGET_SKIP (finished_above() as of 2026-11-22) breaks        *)
+(*   NoDuplicateEffect.                                                    *)
 (*                                                                         *)
-(* Abstractions (spec/refinement.md has the full mapping)                  *)
+(* The state graph of the small models is also replayed edge by edge       *)
+(* through the real htmqc.core (model_checks/graph_replay.py); the mapping *)
+(* is spec/refinement.md, in code model_checks/refinement.py.              *)
+(*                                                                         *)
+(* Abstractions (spec/refinement.md)                                       *)
 (*   - a commit request reaches the broker/sink atomically with the step   *)
 (*     that sends it; only the answer travels through the network;         *)
 (*   - revocation is atomic (the core's draining phase is not modelled);   *)
+(*   - assignment and the sink claim are one step;                         *)
 (*   - dead-letter records are written at once, at least once (a set);     *)
 (*   - effect counts saturate at 2 ("stored twice" is all we ask about).   *)
 (***************************************************************************)
@@ -48,14 +67,16 @@ CONSTANTS
     Log,               \* Log[p]: the offsets present in partition p's log
     End,               \* End[p]: the log end offset of p; offsets in
                        \*   0..End[p]-1 that are not in Log[p] are gaps
-    Workers,           \* messages one member may run at once
+    Workers,           \* handlers one member may run at once
     MaxRetries,        \* retries of one offset before it must be dead-lettered
     MaxEpoch,          \* bound on assignments per partition (model size)
     MaxCrashes,        \* bound on member crashes (model size)
     MaxExpiries,       \* bound on session expiries, i.e. zombies (model size)
     TransientFailures, \* TRUE: an at-least-once commit may fail transiently
     MODE,              \* "at-least-once" or "exactly-once"
-    FENCE,             \* TRUE; FALSE is a mutant: the sink takes stale epochs
+    FENCE,             \* TRUE; FALSE is a mutant: the sink takes stale tokens
+    EPOCH_CHECK,       \* TRUE; FALSE is a mutant: the core takes events of an
+                       \*   earlier assignment as current
     COMMIT_NEXT,       \* FALSE; TRUE is a mutant: commits hand out `next`
     FORGET_SKIP        \* FALSE; TRUE mirrors PartitionTracker.finished_above()
                        \*   as of 2026-11-22, which leaves out skipped offsets
@@ -65,7 +86,8 @@ ALO == "at-least-once"
 EOS == "exactly-once"
 
 ASSUME /\ MODE \in {ALO, EOS}
-       /\ FENCE \in BOOLEAN /\ COMMIT_NEXT \in BOOLEAN /\ FORGET_SKIP \in BOOLEAN
+       /\ FENCE \in BOOLEAN /\ EPOCH_CHECK \in BOOLEAN
+       /\ COMMIT_NEXT \in BOOLEAN /\ FORGET_SKIP \in BOOLEAN
        /\ TransientFailures \in BOOLEAN
        /\ NoMember \notin Members
        /\ \A p \in Partitions : End[p] \in Nat /\ Log[p] \subseteq 0..(End[p] - 1)
@@ -74,19 +96,21 @@ ASSUME /\ MODE \in {ALO, EOS}
 VARIABLES
     owner,        \* owner[p]: the member the coordinator assigned p to, or NoMember
     epoch,        \* epoch[p]: the epoch of p's current assignment (group side)
+    fence,        \* fence[p]: the sink's fence token for p (exactly-once; else 0)
     down,         \* the members that crashed and have not restarted
     view,         \* view[m][p]: member m's PartitionTracker for p (volatile)
+    work,         \* work[m]: m's running handlers, [p, o, epoch started under]
     net,          \* commit answers in flight (a set: duplicates, reordering)
     durable,      \* durable[p]: the committed offset (Kafka or sink transaction)
-    durableAbove, \* durableAbove[p]: offsets above durable[p] the sink holds
-                  \*   (exactly-once: stored with the watermark; else {})
+    durableAbove, \* durableAbove[p]: offsets above durable[p] stored as finished
+                  \*   with it (sink column, or Kafka commit metadata)
     effects,      \* effects[p][o]: how many times o's effect was stored (max 2)
     dead,         \* dead[p]: offsets written to the dead-letter topic
     crashes,      \* crashes so far
     expiries      \* session expiries so far
 
-vars == <<owner, epoch, down, view, net, durable, durableAbove, effects, dead,
-          crashes, expiries>>
+vars == <<owner, epoch, fence, down, view, work, net, durable, durableAbove,
+          effects, dead, crashes, expiries>>
 
 -----------------------------------------------------------------------------
 (***************************************************************************)
@@ -105,14 +129,19 @@ Live == {"Pending", "Processing", "Failed", "Retrying"}
 Finished == {"Succeeded", "DeadLettered"}
 
 \* The view of a partition the member does not hold.
-NoView == [held |-> FALSE, epoch |-> 0, next |-> 0, committed |-> 0,
-           requested |-> 0, dirty |-> FALSE,
+NoView == [held |-> FALSE, epoch |-> 0, token |-> 0, next |-> 0, committed |-> 0,
+           requested |-> 0, unsent |-> FALSE,
            st |-> [o \in Offsets |-> "None"], fails |-> [o \in Offsets |-> 0],
            skip |-> {}, pending |-> {}]
 
-\* PartitionTracker(start = durable[p], finished_above = durableAbove[p]).
-Fresh(p, e) == [held |-> TRUE, epoch |-> e, next |-> durable[p],
-                committed |-> durable[p], requested |-> durable[p], dirty |-> FALSE,
+\* The token a claim of p hands out (exactly-once); at-least-once claims nothing.
+NewToken(p) == IF MODE = EOS THEN fence[p] + 1 ELSE 0
+
+\* PartitionTracker(start = durable[p], finished_above = durableAbove[p]),
+\* for the assignment with epoch e.
+Fresh(p, e) == [held |-> TRUE, epoch |-> e, token |-> NewToken(p),
+                next |-> durable[p], committed |-> durable[p],
+                requested |-> durable[p], unsent |-> FALSE,
                 st |-> [o \in Offsets |-> "None"], fails |-> [o \in Offsets |-> 0],
                 skip |-> durableAbove[p], pending |-> {}]
 
@@ -126,47 +155,62 @@ Processed(v) == LET u == {o \in Offsets : v.st[o] \in Live}
 FinishedAbove(v) ==
     LET w == Processed(v) IN
     {o \in Offsets : o > w /\ v.st[o] \in Finished}
-    \cup (IF FORGET_SKIP THEN {} ELSE {o \in v.skip : o >= v.next})
+    \cup (IF FORGET_SKIP THEN {} ELSE v.skip)
 
 \* The offset a commit request hands out (the mutant hands out next).
 CommitOffset(v) == IF COMMIT_NEXT THEN v.next ELSE Processed(v)
 
 Holds(m, p) == view[m][p].held
 \* PartitionTracker.commit_requested hands out an offset only when it is due.
-CommitDue(v) == Processed(v) > v.requested \/ v.dirty
+CommitDue(v) == Processed(v) > v.requested \/ v.unsent
 \* The coordinator still gives m the assignment m's view belongs to.
 Current(m, p) == owner[p] = m /\ epoch[p] = view[m][p].epoch
-\* The broker (generation check) or the sink (epoch fence) accepts a write.
-Accepted(m, p) == IF MODE = EOS /\ ~FENCE THEN TRUE ELSE Current(m, p)
+\* ConsumerCore._current: an event tagged with epoch e is about m's current
+\* assignment of p (otherwise it is late and ignored). The mutant drops the
+\* epoch comparison.
+InEpoch(m, p, e) == view[m][p].held /\ (view[m][p].epoch = e \/ ~EPOCH_CHECK)
+\* The store takes m's commit of p: the sink checks the transaction's fence
+\* token (exactly-once); Kafka checks the member's generation (at-least-once).
+Accepted(m, p) ==
+    IF MODE = EOS THEN ~FENCE \/ view[m][p].token = fence[p] ELSE Current(m, p)
 
-Busy(m) == Cardinality({po \in Partitions \X Offsets : view[m][po[1]].st[po[2]] = "Processing"})
+Busy(m) == Cardinality(work[m])
 
-\* Make the commit of `off` by m for p durable: Kafka commit, or sink transaction
-\* (effects buffered in the view, the watermark, the offsets finished above it).
+\* Every running handler there can be (a constant set, so that TLC names the
+\* actions quantified over it in its coverage and state-graph dumps).
+WorkItem == [p : Partitions, o : Offsets, epoch : 1..MaxEpoch]
+
+\* Make the commit of `off` by m for p durable: Kafka commit with metadata, or
+\* sink transaction (effects buffered in the view, the watermark, the offsets
+\* finished above it).
 Store(m, p, off) ==
     LET v == view[m][p] IN
     /\ durable' = [durable EXCEPT ![p] = off]
-    /\ IF MODE = EOS
-         THEN /\ durableAbove' = [durableAbove EXCEPT ![p] = {o \in FinishedAbove(v) : o >= off}]
-              /\ effects' = [effects EXCEPT ![p] = [o \in Offsets |->
-                                 IF o \in v.pending THEN Bump(effects[p][o]) ELSE effects[p][o]]]
-         ELSE UNCHANGED <<durableAbove, effects>>
+    /\ durableAbove' = [durableAbove EXCEPT ![p] = {o \in FinishedAbove(v) : o >= off}]
+    /\ effects' = IF MODE = EOS
+                    THEN [effects EXCEPT ![p] = [o \in Offsets |->
+                             IF o \in v.pending THEN Bump(effects[p][o]) ELSE effects[p][o]]]
+                    ELSE effects
 
 -----------------------------------------------------------------------------
 (***************************************************************************)
 (* Group membership: assign, revoked, crashed, restored, session expiry    *)
 (***************************************************************************)
-\* assign: the coordinator gives the free partition p to the live member m.
+\* assign: the coordinator gives the free partition p to the live member m,
+\* which claims it in the sink (a new fence token) and starts from the
+\* durable position.
 Assign(m, p) ==
     /\ owner[p] = NoMember /\ m \notin down /\ ~Holds(m, p)
     /\ epoch[p] < MaxEpoch
     /\ epoch' = [epoch EXCEPT ![p] = @ + 1]
     /\ owner' = [owner EXCEPT ![p] = m]
+    /\ fence' = [fence EXCEPT ![p] = NewToken(p)]
     /\ view' = [view EXCEPT ![m][p] = Fresh(p, epoch[p] + 1)]
-    /\ UNCHANGED <<down, net, durable, durableAbove, effects, dead, crashes, expiries>>
+    /\ UNCHANGED <<down, work, net, durable, durableAbove, effects, dead, crashes, expiries>>
 
 \* revoked (cooperative rebalance): m gives p up; its final commit is made
-\* (ConsumerCore.revoked returns it) and unfinished work is dropped.
+\* (ConsumerCore.revoked returns it). Running handlers keep running; their
+\* completions will be late.
 Revoked(m, p) ==
     /\ Holds(m, p) /\ Current(m, p) /\ m \notin down
     /\ epoch[p] < MaxEpoch
@@ -175,14 +219,14 @@ Revoked(m, p) ==
          ELSE UNCHANGED <<durable, durableAbove, effects>>
     /\ owner' = [owner EXCEPT ![p] = NoMember]
     /\ view' = [view EXCEPT ![m][p] = NoView]
-    /\ UNCHANGED <<epoch, down, net, dead, crashes, expiries>>
+    /\ UNCHANGED <<epoch, fence, down, work, net, dead, crashes, expiries>>
 
 \* revoked (partitions lost): a zombie learns that p moved on; nothing is committed.
 RevokedLost(m, p) ==
     /\ Holds(m, p) /\ ~Current(m, p)
     /\ view' = [view EXCEPT ![m][p] = NoView]
-    /\ UNCHANGED <<owner, epoch, down, net, durable, durableAbove, effects, dead,
-                   crashes, expiries>>
+    /\ UNCHANGED <<owner, epoch, fence, down, work, net, durable, durableAbove,
+                   effects, dead, crashes, expiries>>
 
 \* m is paused past its session: the coordinator takes its partitions away,
 \* m does not know and keeps working on them (a zombie).
@@ -192,88 +236,105 @@ SessionExpired(m) ==
     /\ \A p \in Partitions : owner[p] = m => epoch[p] < MaxEpoch
     /\ owner' = [p \in Partitions |-> IF owner[p] = m THEN NoMember ELSE owner[p]]
     /\ expiries' = expiries + 1
-    /\ UNCHANGED <<epoch, down, view, net, durable, durableAbove, effects, dead, crashes>>
+    /\ UNCHANGED <<epoch, fence, down, view, work, net, durable, durableAbove,
+                   effects, dead, crashes>>
 
-\* crashed: every volatile state of m is gone; with static membership the
-\* coordinator keeps its partitions for it until its session expires.
+\* crashed: every volatile state of m is gone, its handlers with it; with
+\* static membership the coordinator keeps its partitions for it.
 Crashed(m) ==
     /\ m \notin down /\ crashes < MaxCrashes
     /\ \A p \in Partitions : owner[p] = m => epoch[p] < MaxEpoch
     /\ down' = down \cup {m}
     /\ view' = [view EXCEPT ![m] = [p \in Partitions |-> NoView]]
+    /\ work' = [work EXCEPT ![m] = {}]
     /\ crashes' = crashes + 1
-    /\ UNCHANGED <<owner, epoch, net, durable, durableAbove, effects, dead, expiries>>
+    /\ UNCHANGED <<owner, epoch, fence, net, durable, durableAbove, effects, dead, expiries>>
 
-\* restored: m restarts and takes its partitions again from the durable position.
+\* restored: m restarts and takes (claims) its partitions again from the
+\* durable position.
 Restored(m) ==
     /\ m \in down
     /\ down' = down \ {m}
     /\ epoch' = [p \in Partitions |-> IF owner[p] = m THEN epoch[p] + 1 ELSE epoch[p]]
+    /\ fence' = [p \in Partitions |-> IF owner[p] = m THEN NewToken(p) ELSE fence[p]]
     /\ view' = [view EXCEPT ![m] = [p \in Partitions |->
                    IF owner[p] = m THEN Fresh(p, epoch[p] + 1) ELSE NoView]]
-    /\ UNCHANGED <<owner, net, durable, durableAbove, effects, dead, crashes, expiries>>
+    /\ UNCHANGED <<owner, work, net, durable, durableAbove, effects, dead, crashes, expiries>>
 
 -----------------------------------------------------------------------------
 (***************************************************************************)
-(* Fetching and the message lifecycle (one worker runs one message)        *)
+(* Fetching and the message lifecycle                                      *)
 (***************************************************************************)
 \* fetched: a batch covering [next, e); present offsets become Pending, those
-\* the sink already holds (skip) arrive finished; missing offsets are gaps.
+\* the sink already holds (skip) arrive finished and leave skip; missing
+\* offsets are gaps.
 Fetched(m, p) ==
     LET v == view[m][p] IN
     /\ Holds(m, p) /\ v.next < End[p]
     /\ \E e \in (v.next + 1)..End[p] :
          view' = [view EXCEPT ![m][p].next = e,
+                              ![m][p].skip = {o \in v.skip : o >= e},
                               ![m][p].st = [o \in Offsets |->
                                  IF o >= v.next /\ o < e /\ o \in Log[p]
                                  THEN IF o \in v.skip THEN "Succeeded" ELSE "Pending"
                                  ELSE v.st[o]]]
-    /\ UNCHANGED <<owner, epoch, down, net, durable, durableAbove, effects, dead,
+    /\ UNCHANGED <<owner, epoch, fence, down, work, net, durable, durableAbove,
+                   effects, dead, crashes, expiries>>
+
+\* started / retry_due: a worker takes a Pending (Retrying) offset; the running
+\* handler is tagged with the assignment's epoch.
+Run(m, p, o) ==
+    /\ Holds(m, p) /\ Busy(m) < Workers
+    /\ view' = [view EXCEPT ![m][p].st[o] = "Processing"]
+    /\ work' = [work EXCEPT ![m] = @ \cup {[p |-> p, o |-> o, epoch |-> view[m][p].epoch]}]
+    /\ UNCHANGED <<owner, epoch, fence, down, net, durable, durableAbove, effects,
+                   dead, crashes, expiries>>
+
+Started(m, p, o) == view[m][p].st[o] = "Pending" /\ Run(m, p, o)
+RetryDue(m, p, o) == view[m][p].st[o] = "Retrying" /\ Run(m, p, o)
+
+\* A running handler w of m reports: the core takes it if it belongs to the
+\* current assignment (otherwise it is late and changes nothing).
+Takes(m, w) == InEpoch(m, w.p, w.epoch) /\ view[m][w.p].st[w.o] = "Processing"
+
+\* succeeded: at-least-once handlers store the effect themselves (late or not);
+\* exactly-once ones write it into the transaction of the assignment they
+\* started under, which is the open one only if that assignment is current.
+Succeeded(m, w) ==
+    LET v == view[m][w.p] IN
+    /\ w \in work[m]
+    /\ work' = [work EXCEPT ![m] = @ \ {w}]
+    /\ view' = IF Takes(m, w)
+                 THEN [view EXCEPT ![m][w.p].st[w.o] = "Succeeded", ![m][w.p].unsent = TRUE,
+                                   ![m][w.p].pending =
+                                      IF MODE = EOS /\ v.epoch = w.epoch THEN @ \cup {w.o} ELSE @]
+                 ELSE view
+    /\ effects' = IF MODE = ALO THEN [effects EXCEPT ![w.p][w.o] = Bump(@)] ELSE effects
+    /\ UNCHANGED <<owner, epoch, fence, down, net, durable, durableAbove, dead,
                    crashes, expiries>>
 
-Move(m, p, o, from, to) ==
-    /\ view[m][p].st[o] = from
-    /\ view' = [view EXCEPT ![m][p].st[o] = to]
+\* failed: ConsumerCore.failed decides. With retries left, a retryable
+\* failure moves on to Retrying (RetryAt); a permanent one, or one with no
+\* retries left, stays Failed (DeadLetter: write it to the DLQ).
+Failed(m, w) ==
+    LET v == view[m][w.p]
+        n == v.fails[w.o] + 1 IN
+    /\ w \in work[m]
+    /\ work' = [work EXCEPT ![m] = @ \ {w}]
+    /\ IF Takes(m, w)
+         THEN \E to \in IF n <= MaxRetries THEN {"Retrying", "Failed"} ELSE {"Failed"} :
+                 view' = [view EXCEPT ![m][w.p].st[w.o] = to, ![m][w.p].fails[w.o] = n]
+         ELSE UNCHANGED view
+    /\ UNCHANGED <<owner, epoch, fence, down, net, durable, durableAbove, effects,
+                   dead, crashes, expiries>>
 
-Started(m, p, o) ==
-    /\ Busy(m) < Workers
-    /\ Move(m, p, o, "Pending", "Processing")
-    /\ UNCHANGED <<owner, epoch, down, net, durable, durableAbove, effects, dead,
-                   crashes, expiries>>
-
-\* succeeded: at-least-once handlers store the effect now; exactly-once ones
-\* buffer it in the open sink transaction (pending).
-Succeeded(m, p, o) ==
-    /\ view[m][p].st[o] = "Processing"
-    /\ view' = [view EXCEPT ![m][p].st[o] = "Succeeded", ![m][p].dirty = TRUE,
-                            ![m][p].pending = IF MODE = EOS THEN @ \cup {o} ELSE @]
-    /\ effects' = IF MODE = ALO THEN [effects EXCEPT ![p][o] = Bump(@)] ELSE effects
-    /\ UNCHANGED <<owner, epoch, down, net, durable, durableAbove, dead, crashes, expiries>>
-
-Failed(m, p, o) ==
-    /\ view[m][p].st[o] = "Processing"
-    /\ view' = [view EXCEPT ![m][p].st[o] = "Failed",
-                            ![m][p].fails[o] = IF @ > MaxRetries THEN @ ELSE @ + 1]
-    /\ UNCHANGED <<owner, epoch, down, net, durable, durableAbove, effects, dead,
-                   crashes, expiries>>
-
-RetryScheduled(m, p, o) ==
-    /\ view[m][p].fails[o] <= MaxRetries
-    /\ Move(m, p, o, "Failed", "Retrying")
-    /\ UNCHANGED <<owner, epoch, down, net, durable, durableAbove, effects, dead,
-                   crashes, expiries>>
-
-RetryDue(m, p, o) ==
-    /\ Busy(m) < Workers
-    /\ Move(m, p, o, "Retrying", "Processing")
-    /\ UNCHANGED <<owner, epoch, down, net, durable, durableAbove, effects, dead,
-                   crashes, expiries>>
-
+\* dead_lettered: the DLQ write asked for by a DeadLetter decision is done.
 DeadLettered(m, p, o) ==
-    /\ view[m][p].st[o] = "Failed"
-    /\ view' = [view EXCEPT ![m][p].st[o] = "DeadLettered", ![m][p].dirty = TRUE]
+    /\ Holds(m, p) /\ view[m][p].st[o] = "Failed"
+    /\ view' = [view EXCEPT ![m][p].st[o] = "DeadLettered", ![m][p].unsent = TRUE]
     /\ dead' = [dead EXCEPT ![p] = @ \cup {o}]
-    /\ UNCHANGED <<owner, epoch, down, net, durable, durableAbove, effects, crashes, expiries>>
+    /\ UNCHANGED <<owner, epoch, fence, down, work, net, durable, durableAbove,
+                   effects, crashes, expiries>>
 
 -----------------------------------------------------------------------------
 (***************************************************************************)
@@ -283,14 +344,14 @@ Answer(m, p, off, ok) == [member |-> m, part |-> p, epoch |-> view[m][p].epoch,
                           off |-> off, ok |-> ok]
 
 \* commit_requested: hand out the watermark when it moved or something finished
-\* out of order since the last request; the broker/sink takes it (if not
-\* fenced) and its answer goes into the network.
+\* since the last request; the store takes it (if not fenced) and its answer
+\* goes into the network. The open transaction's effects go with it.
 CommitRequested(m, p) ==
     LET v == view[m][p]
         off == CommitOffset(v) IN
     /\ Holds(m, p)
     /\ CommitDue(v)
-    /\ view' = [view EXCEPT ![m][p].requested = off, ![m][p].dirty = FALSE,
+    /\ view' = [view EXCEPT ![m][p].requested = off, ![m][p].unsent = FALSE,
                             ![m][p].pending = {}]
     /\ \/ /\ Accepted(m, p)
           /\ Store(m, p, off)
@@ -298,7 +359,7 @@ CommitRequested(m, p) ==
        \/ /\ ~Accepted(m, p) \/ (TransientFailures /\ MODE = ALO)
           /\ net' = net \cup {Answer(m, p, off, FALSE)}
           /\ UNCHANGED <<durable, durableAbove, effects>>
-    /\ UNCHANGED <<owner, epoch, down, dead, crashes, expiries>>
+    /\ UNCHANGED <<owner, epoch, fence, down, work, dead, crashes, expiries>>
 
 \* commit_acked: an answer arrives; late (stale epoch) or duplicated (at or
 \* below committed) answers change nothing. keep = TRUE leaves a copy in the
@@ -307,12 +368,12 @@ AckDelivered(m, p, msg, keep) ==
     LET v == view[m][p] IN
     /\ msg.member = m /\ msg.part = p /\ msg.ok
     /\ net' = IF keep THEN net ELSE net \ {msg}
-    /\ IF v.held /\ v.epoch = msg.epoch /\ msg.off > v.committed
+    /\ IF InEpoch(m, p, msg.epoch) /\ msg.off > v.committed
          THEN view' = [view EXCEPT ![m][p].committed = msg.off,
                                    ![m][p].requested = Max(@, msg.off)]
          ELSE UNCHANGED view
-    /\ UNCHANGED <<owner, epoch, down, durable, durableAbove, effects, dead,
-                   crashes, expiries>>
+    /\ UNCHANGED <<owner, epoch, fence, down, work, durable, durableAbove, effects,
+                   dead, crashes, expiries>>
 
 CommitAcked(m, p) == \E msg \in net : AckDelivered(m, p, msg, FALSE)
 AckDuplicated(m, p) == \E msg \in net : AckDelivered(m, p, msg, TRUE)
@@ -322,18 +383,18 @@ CommitFailed(m, p) ==
     \E msg \in net :
       /\ msg.member = m /\ msg.part = p /\ ~msg.ok
       /\ net' = net \ {msg}
-      /\ IF view[m][p].held /\ view[m][p].epoch = msg.epoch
+      /\ IF InEpoch(m, p, msg.epoch)
            THEN view' = [view EXCEPT ![m][p].requested = view[m][p].committed,
-                                     ![m][p].dirty = TRUE]
+                                     ![m][p].unsent = TRUE]
            ELSE UNCHANGED view
-      /\ UNCHANGED <<owner, epoch, down, durable, durableAbove, effects, dead,
-                     crashes, expiries>>
+      /\ UNCHANGED <<owner, epoch, fence, down, work, durable, durableAbove, effects,
+                     dead, crashes, expiries>>
 
 \* The network loses an answer.
 AnswerLost ==
     /\ \E msg \in net : net' = net \ {msg}
-    /\ UNCHANGED <<owner, epoch, down, view, durable, durableAbove, effects, dead,
-                   crashes, expiries>>
+    /\ UNCHANGED <<owner, epoch, fence, down, view, work, durable, durableAbove,
+                   effects, dead, crashes, expiries>>
 
 -----------------------------------------------------------------------------
 (***************************************************************************)
@@ -342,8 +403,10 @@ AnswerLost ==
 Init ==
     /\ owner = [p \in Partitions |-> NoMember]
     /\ epoch = [p \in Partitions |-> 0]
+    /\ fence = [p \in Partitions |-> 0]
     /\ down = {}
     /\ view = [m \in Members |-> [p \in Partitions |-> NoView]]
+    /\ work = [m \in Members |-> {}]
     /\ net = {}
     /\ durable = [p \in Partitions |-> 0]
     /\ durableAbove = [p \in Partitions |-> {}]
@@ -354,20 +417,19 @@ Init ==
 
 \* The steps of member m that make progress (the fair ones).
 Progress(m) ==
-    \E p \in Partitions :
+    \/ \E w \in WorkItem : Succeeded(m, w)
+    \/ \E p \in Partitions :
        \/ Fetched(m, p)
        \/ CommitRequested(m, p) \/ CommitAcked(m, p) \/ CommitFailed(m, p)
        \/ RevokedLost(m, p)
        \/ \E o \in Offsets :
-             \/ Started(m, p, o) \/ Succeeded(m, p, o) \/ RetryScheduled(m, p, o)
-             \/ RetryDue(m, p, o) \/ DeadLettered(m, p, o)
+             \/ Started(m, p, o) \/ RetryDue(m, p, o) \/ DeadLettered(m, p, o)
 
 \* Faults and scheduling choices: never required to happen.
 Faults(m) ==
     \/ Crashed(m) \/ SessionExpired(m)
-    \/ \E p \in Partitions :
-          \/ Revoked(m, p) \/ AckDuplicated(m, p)
-          \/ \E o \in Offsets : Failed(m, p, o)
+    \/ \E w \in WorkItem : Failed(m, w)
+    \/ \E p \in Partitions : Revoked(m, p) \/ AckDuplicated(m, p)
 
 Next ==
     \/ \E m \in Members : Progress(m) \/ Faults(m) \/ Restored(m)
@@ -384,8 +446,9 @@ Spec == Init /\ [][Next]_vars /\ Fairness
 (***************************************************************************)
 (* Properties                                                              *)
 (***************************************************************************)
-ViewType == [held : BOOLEAN, epoch : 0..MaxEpoch, next : 0..MaxEnd,
-             committed : 0..MaxEnd, requested : 0..MaxEnd, dirty : BOOLEAN,
+ViewType == [held : BOOLEAN, epoch : 0..MaxEpoch, token : 0..MaxEpoch,
+             next : 0..MaxEnd, committed : 0..MaxEnd, requested : 0..MaxEnd,
+             unsent : BOOLEAN,
              st : [Offsets -> Lifecycle \cup {"None"}],
              fails : [Offsets -> 0..(MaxRetries + 1)],
              skip : SUBSET Offsets, pending : SUBSET Offsets]
@@ -393,8 +456,10 @@ ViewType == [held : BOOLEAN, epoch : 0..MaxEpoch, next : 0..MaxEnd,
 TypeOK ==
     /\ owner \in [Partitions -> Members \cup {NoMember}]
     /\ epoch \in [Partitions -> 0..MaxEpoch]
+    /\ fence \in [Partitions -> 0..MaxEpoch]
     /\ down \subseteq Members
     /\ view \in [Members -> [Partitions -> ViewType]]
+    /\ work \in [Members -> SUBSET WorkItem]
     /\ net \subseteq [member : Members, part : Partitions, epoch : 0..MaxEpoch,
                       off : 0..MaxEnd, ok : BOOLEAN]
     /\ durable \in [Partitions -> 0..MaxEnd]
@@ -404,7 +469,8 @@ TypeOK ==
     /\ crashes \in 0..MaxCrashes /\ expiries \in 0..MaxExpiries
 
 \* OffsetOrder: the PartitionTracker invariant, in every member's view
-\* (committed <= requested <= processed <= next; live offsets below next).
+\* (committed <= requested <= processed <= next; live offsets below next;
+\* the offsets held by the sink lie at or above next).
 OffsetOrder ==
     \A m \in Members, p \in Partitions :
        LET v == view[m][p] IN
@@ -413,6 +479,21 @@ OffsetOrder ==
           /\ v.requested <= Processed(v)
           /\ Processed(v) <= v.next
           /\ \A o \in Offsets : v.st[o] \in Live => o < v.next
+          /\ \A o \in v.skip : o >= v.next
+
+\* WorkTagged: an offset is Processing in a view exactly when a handler of
+\* that view's assignment runs it (the epoch tag is what tells the two apart).
+WorkTagged ==
+    \A m \in Members, p \in Partitions, o \in Offsets :
+       LET v == view[m][p] IN
+       v.held => ((v.st[o] = "Processing") <=> ([p |-> p, o |-> o, epoch |-> v.epoch] \in work[m]))
+
+\* OneTokenHolder: at most one member holds a partition's current fence
+\* token, so at most one member's transactions can be stored (exactly-once).
+OneTokenHolder ==
+    MODE = EOS =>
+       \A p \in Partitions :
+          Cardinality({m \in Members : view[m][p].held /\ view[m][p].token = fence[p]}) <= 1
 
 \* CommittedMonotonic: the durable position never moves backwards.
 CommittedMonotonic == [][\A p \in Partitions : durable'[p] >= durable[p]]_vars

@@ -12,7 +12,8 @@ SmallPartitions == {"p1"}
 SmallLog == [p \in SmallPartitions |-> {0, 2}]
 SmallEnd == [p \in SmallPartitions |-> 3]
 
-\* tiny: one message after a gap (for the costly zombie runs).
+\* tiny: one message after a gap (for the costly runs: zombies, two workers,
+\* liveness).
 TinyLog == [p \in SmallPartitions |-> {1}]
 TinyEnd == [p \in SmallPartitions |-> 2]
 

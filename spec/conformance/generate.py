@@ -2,11 +2,12 @@
 
 Every vector is a list of steps; each step is one event, the answer the
 reference model (:class:`model_checks.reference.ReferenceConsumer`) gives, and
-its snapshot afterwards. The scenarios below are written by hand to cover one
-topic each; the ``random_*`` vectors are seeded random walks. Generation is
-deterministic: ``python -m spec.conformance.generate`` rewrites
-``spec/conformance/vectors/``, ``--check`` fails if the committed files differ.
-See ``spec/conformance/README.md`` for the format.
+its snapshot afterwards. The scenarios below are written by hand, one reading
+of the spec each (their one-line docstrings say which); the ``random_*``
+vectors are seeded random walks. Generation is deterministic:
+``python -m spec.conformance.generate`` rewrites ``spec/conformance/vectors/``,
+``--check`` fails if the committed files differ. See
+``spec/conformance/README.md`` for the format.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from model_checks.reference import ReferenceConsumer, RefError
+from spec.conformance.replay import BATCH, FORMAT, SINGLE, VECTORS
 from spec.conformance.replay import parse_tp as _tp
 
-VECTORS = Path(__file__).resolve().parent / "vectors"
-FORMAT = 1
-MAX_RETRIES = 3
+#: The retry policy a vector's core is built with unless its scenario says otherwise
+#: (``RetryPolicy``'s defaults).
+DEFAULT_RETRY: dict[str, Any] = {"max_retries": 3, "base_delay": 0.1, "max_delay": 30.0}
 
 #: Reference refusals that the core reports as OffsetOrderError; every other
 #: refusal is an IllegalTransition.
@@ -35,8 +37,19 @@ class Recorder:
     """Drives the reference model and records every step."""
 
     def __init__(self) -> None:
-        self.ref = ReferenceConsumer(max_retries=MAX_RETRIES)
+        self.retry = dict(DEFAULT_RETRY)
+        self.ref = ReferenceConsumer(**self.retry)
         self.steps: list[dict[str, Any]] = []
+
+    def policy(self, max_retries: int, base_delay: float = 0.1, max_delay: float = 30.0) -> None:
+        """Build the core with this retry policy (only before the first step)."""
+        assert not self.steps, "set the policy before the first step"
+        self.retry = {
+            "max_retries": max_retries,
+            "base_delay": float(base_delay),
+            "max_delay": float(max_delay),
+        }
+        self.ref = ReferenceConsumer(**self.retry)
 
     def _do(self, op: str, args: dict[str, Any], call: Callable[[], Any]) -> Any:
         before = self.ref.snapshot()
@@ -73,20 +86,34 @@ class Recorder:
         return self._do("fetched", args, lambda: self.ref.fetched(_tp(tp), epoch, batch, end))
 
     def event(self, name: str, tp: str, epoch: int, offset: int | Sequence[int]) -> Any:
+        """A lifecycle event on one offset (``name``) or a batch (``name_many``)."""
         if isinstance(offset, int):
-            args: dict[str, Any] = {"tp": tp, "epoch": epoch, "offset": offset}
+            op, args = name, {"tp": tp, "epoch": epoch, "offset": offset}
             batch = [offset]
         else:
-            args = {"tp": tp, "epoch": epoch, "offsets": list(offset)}
+            op, args = f"{name}_many", {"tp": tp, "epoch": epoch, "offsets": list(offset)}
             batch = list(offset)
-        return self._do(name, args, lambda: self.ref.event(name, _tp(tp), epoch, batch))
+        assert op in SINGLE or op in BATCH, f"the core has no {op}"
+        return self._do(op, args, lambda: self.ref.event(name, _tp(tp), epoch, batch))
 
-    def failed(self, tp: str, epoch: int, offset: int, permanent: bool = False) -> Any:
-        args = {"tp": tp, "epoch": epoch, "offset": offset, "permanent": permanent}
-        return self._do("failed", args, lambda: self.ref.failed(_tp(tp), epoch, offset, permanent))
+    def failed(
+        self,
+        tp: str,
+        epoch: int,
+        offset: int,
+        kind: str = "retryable",
+        now: float = 0.0,
+        jitter: float = 0.5,
+    ) -> Any:
+        args = {"tp": tp, "epoch": epoch, "offset": offset, "kind": kind,
+                "now": float(now), "jitter": float(jitter)}
+        ref = self.ref
+        return self._do(
+            "failed", args, lambda: ref.failed_decision(_tp(tp), epoch, offset, kind, now, jitter)
+        )
 
     def commit_requested(self, tp: str) -> Any:
-        return self._do("commit_requested", {"tp": tp}, lambda: self.ref.commit_requested(_tp(tp)))
+        return self._do("commit_requested", {"tp": tp}, lambda: self.ref.commit_decision(_tp(tp)))
 
     def commit_acked(self, tp: str, epoch: int, offset: int) -> Any:
         args = {"tp": tp, "epoch": epoch, "offset": offset}
@@ -101,20 +128,27 @@ class Recorder:
         return self._do("revoking", {"tp": tp}, lambda: self.ref.revoking(_tp(tp)))
 
     def revoked(self, tp: str) -> Any:
-        return self._do("revoked", {"tp": tp}, lambda: self.ref.revoked(_tp(tp)))
+        return self._do("revoked", {"tp": tp}, lambda: self.ref.revoked_decision(_tp(tp)))
 
     def crashed(self) -> Any:
         return self._do("crashed", {}, self.ref.crashed)
 
 
 T0, T1 = "orders/0", "orders/1"
+#: A topic name with a slash: the partition number is after the last one.
+T_SLASH = "eu/orders/7"
+#: The first integer a double cannot hold exactly is 2^53 + 1.
+B53 = 2**53
+#: The largest Kafka offset (a signed 64-bit integer).
+I64 = 2**63 - 1
 
 
 # -- the hand-written scenarios ------------------------------------------------------------
 
 
 def happy_path(r: Recorder) -> None:
-    """Fetch, run and commit in order."""
+    """In order: a commit hands out processed with the epoch and an empty finished_above;
+    once acked, a request with nothing new answers null."""
     e = r.assign(T0, 0)
     r.fetched(T0, e, [0, 1, 2])
     for o in (0, 1, 2):
@@ -126,7 +160,8 @@ def happy_path(r: Recorder) -> None:
 
 
 def gap_end_beyond_last(r: Recorder) -> None:
-    """A batch whose end lies beyond its last offset: the tail is a gap."""
+    """A batch whose end lies beyond its last offset: the tail is a gap, finished but never
+    listed in finished_above."""
     e = r.assign(T0, 10)
     r.fetched(T0, e, [10, 11, 13], end=16)
     r.event("started", T0, e, [10, 11, 13])
@@ -139,7 +174,8 @@ def gap_end_beyond_last(r: Recorder) -> None:
 
 
 def gap_batch_above_next(r: Recorder) -> None:
-    """A batch starting above next: the offsets in between are a gap."""
+    """A batch starting above next: the offsets in between are a gap; a fetch that moves
+    processed over a gap makes a commit due."""
     e = r.assign(T0, 0)
     r.fetched(T0, e, [5, 6])
     r.commit_requested(T0)
@@ -153,7 +189,8 @@ def gap_batch_above_next(r: Recorder) -> None:
 
 
 def out_of_order_completion(r: Recorder) -> None:
-    """Offsets finish out of order; finished_above carries them until the watermark passes."""
+    """Offsets finish out of order; finished_above carries them until the watermark passes,
+    and each change makes a commit due."""
     e = r.assign(T0, 0)
     r.fetched(T0, e, range(5))
     r.event("started", T0, e, [0, 1, 2, 3, 4])
@@ -169,24 +206,46 @@ def out_of_order_completion(r: Recorder) -> None:
 
 
 def failures_retries_dead_letter(r: Recorder) -> None:
-    """Retryable failures are retried max_retries times, then dead-lettered; permanent
-    failures are dead-lettered at once."""
+    """max_retries = 3: a retryable message is retried 3 times and dead-lettered at its 4th
+    failure (attempts 4, kind failed); a permanent one at once (attempts 1, kind permanent)."""
     e = r.assign(T0, 0)
     r.fetched(T0, e, [0, 1])
     r.event("started", T0, e, [0, 1])
-    for _ in range(MAX_RETRIES):
-        r.failed(T0, e, 0)
+    for n in range(3):
+        r.failed(T0, e, 0, now=100.0 + n, jitter=0.5)
         r.event("retry_due", T0, e, 0)
-    r.failed(T0, e, 0)
+    r.failed(T0, e, 0, now=200.0)
     r.event("retry_due", T0, e, 0)
     r.event("dead_lettered", T0, e, 0)
-    r.failed(T0, e, 1, permanent=True)
+    r.failed(T0, e, 1, kind="permanent", now=300.0)
     r.event("dead_lettered", T0, e, 1)
     r.commit_requested(T0)
 
 
+def handed_off_finishes(r: Recorder) -> None:
+    """handed_off (the message was written to the retry topic) finishes a Failed offset
+    like dead_lettered: out of order it goes into finished_above, at the watermark it
+    moves processed; it needs Failed (Processing, Retrying or finished offsets refuse)."""
+    e = r.assign(T0, 0)
+    r.fetched(T0, e, [0, 1, 2])
+    r.event("started", T0, e, [0, 1, 2])
+    r.event("handed_off", T0, e, 1)
+    r.failed(T0, e, 1, kind="permanent", now=10.0)
+    r.event("handed_off", T0, e, 1)
+    r.event("handed_off", T0, e, 1)
+    r.commit_requested(T0)
+    r.failed(T0, e, 0, now=11.0, jitter=0.25)
+    r.event("handed_off", T0, e, 0)
+    r.event("retry_due", T0, e, 0)
+    r.failed(T0, e, 0, kind="permanent", now=12.0)
+    r.event("handed_off", T0, e, 0)
+    r.commit_requested(T0)
+    r.event("handed_off", T0, e + 1, 2)
+
+
 def acks_late_duplicate_out_of_order(r: Recorder) -> None:
-    """Acks may arrive late, twice or in the wrong order; only a newer one moves committed."""
+    """Acks may arrive late, twice or in the wrong order; only a newer one moves committed,
+    and an ack above processed is illegal."""
     e = r.assign(T0, 0)
     r.fetched(T0, e, range(4))
     r.event("started", T0, e, [0, 1, 2, 3])
@@ -202,7 +261,8 @@ def acks_late_duplicate_out_of_order(r: Recorder) -> None:
 
 
 def failed_commits(r: Recorder) -> None:
-    """A failed commit is requested again, even if nothing new finished."""
+    """A failed commit is requested again, even if nothing new finished and even if its
+    offset is already durable."""
     e = r.assign(T0, 0)
     r.fetched(T0, e, [0, 1])
     r.event("started", T0, e, [0, 1])
@@ -243,7 +303,7 @@ def revoke_assign_stale_epoch(r: Recorder) -> None:
 
 def crash_restore_finished_above(r: Recorder) -> None:
     """After a crash the partition restarts from the commit; offsets the sink already
-    holds (finished_above) are not handed out again."""
+    holds (finished_above) are not handed out again and keep travelling in commits."""
     e = r.assign(T0, 0)
     r.fetched(T0, e, range(5))
     r.event("started", T0, e, [0, 1, 2, 3, 4])
@@ -262,7 +322,8 @@ def crash_restore_finished_above(r: Recorder) -> None:
 
 
 def illegal_events(r: Recorder) -> None:
-    """Events a correct runtime never sends are refused and change nothing."""
+    """Events a correct runtime never sends are refused with the right error type and
+    change nothing (an epoch is not used up by a refused assign)."""
     r.assign(T0, -1)
     e = r.assign(T0, 5, [5])
     e = r.assign(T0, 5, [7])
@@ -287,7 +348,8 @@ def illegal_events(r: Recorder) -> None:
 
 
 def batch_events(r: Recorder) -> None:
-    """Batch forms move every offset or none."""
+    """Batch forms move every offset or none: one offset in the wrong state or a duplicate
+    refuses the whole batch."""
     e = r.assign(T0, 0)
     r.fetched(T0, e, range(6))
     r.event("started", T0, e, [0, 1, 2])
@@ -296,19 +358,22 @@ def batch_events(r: Recorder) -> None:
     r.event("started", T0, e, [3, 4, 5])
     r.event("succeeded", T0, e, [1, 0, 9])
     r.event("succeeded", T0, e, [1, 0])
-    r.failed(T0, e, 2, permanent=True)
-    r.failed(T0, e, 3, permanent=True)
+    r.failed(T0, e, 2, kind="permanent")
+    r.failed(T0, e, 3, kind="permanent")
     r.event("dead_lettered", T0, e, [3, 2])
-    r.event("succeeded", T0, e, [])
+    r.event("succeeded", T0, e, [4, 4])
     r.commit_requested(T0)
 
 
 def two_partitions(r: Recorder) -> None:
-    """Partitions are independent; epochs count per consumer, not per partition."""
+    """Partitions are independent; epochs count per core, not per partition; the topic is
+    everything before the last slash."""
     a = r.assign(T0, 0)
     b = r.assign(T1, 100)
+    s = r.assign(T_SLASH, 0)
     r.fetched(T1, b, [100, 101])
     r.fetched(T0, a, [0])
+    r.fetched(T_SLASH, s, [0])
     r.event("started", T1, b, 101)
     r.event("started", T0, a, 0)
     r.event("succeeded", T1, b, 101)
@@ -322,6 +387,387 @@ def two_partitions(r: Recorder) -> None:
     r.commit_acked(T0, a, 1)
 
 
+def finished_above_contents(r: Recorder) -> None:
+    """finished_above = arrived offsets above processed that finished, plus restored offsets
+    not fetched yet (at or above next), so it may hold processed itself."""
+    e = r.restored(T0, 2, [4, 7, 9])
+    r.commit_requested(T0)
+    r.fetched(T0, e, [2, 3, 4, 5], end=7)
+    r.event("started", T0, e, [2, 3, 5])
+    r.event("succeeded", T0, e, 5)
+    r.commit_requested(T0)
+    r.event("succeeded", T0, e, [2, 3])
+    r.commit_requested(T0)
+    r.fetched(T0, e, [7, 8])
+    r.commit_requested(T0)
+    r.event("started", T0, e, 8)
+    r.event("succeeded", T0, e, 8)
+    r.commit_requested(T0)
+
+
+def restored_offset_held_at_batch_end(r: Recorder) -> None:
+    """A restored offset equal to a batch's end stays held (kept while offset >= end) and
+    arrives finished when the next batch starts at it; it never runs."""
+    e = r.restored(T0, 1, [3, 6])
+    r.fetched(T0, e, [1, 2])
+    r.fetched(T0, e, [3, 4])
+    r.event("started", T0, e, 3)
+    r.fetched(T0, e, [5], end=6)
+    r.fetched(T0, e, [6, 7])
+    r.event("started", T0, e, [1, 2, 4, 5, 7])
+    r.event("succeeded", T0, e, [7, 5, 4, 2, 1])
+    r.commit_requested(T0)
+
+
+def restored_offset_at_committed(r: Recorder) -> None:
+    """A batch that ends exactly at a restored offset h, all finished, commits offset h with
+    h in finished_above; restoring from that commit is allowed (h == committed) and h never
+    runs. Refusing it (finished_above must be above committed) made the partition
+    unassignable for ever (found by the TLC graph replay); below committed is refused."""
+    e = r.restored(T0, 0, [2])
+    r.fetched(T0, e, [0, 1], end=2)
+    r.event("started", T0, e, [0, 1])
+    r.event("succeeded", T0, e, [1, 0])
+    r.commit_requested(T0)
+    r.crashed()
+    r.restored(T0, 1, [0])
+    e = r.restored(T0, 2, [2])
+    r.fetched(T0, e, [2, 3])
+    r.event("started", T0, e, 3)
+    r.event("succeeded", T0, e, 3)
+    r.commit_requested(T0)
+
+
+def restored_offset_in_gap(r: Recorder) -> None:
+    """A restored offset inside a fetched range that did not arrive is a gap: it leaves
+    finished_above without a commit becoming due, and cannot be started."""
+    e = r.restored(T0, 0, [2, 5, 8])
+    r.fetched(T0, e, [0, 1, 3], end=4)
+    r.event("started", T0, e, 0)
+    r.event("succeeded", T0, e, 0)
+    r.commit_requested(T0)
+    r.fetched(T0, e, [6, 7], end=10)
+    r.commit_requested(T0)
+    r.event("started", T0, e, 8)
+
+
+def unsent_flag(r: Recorder) -> None:
+    """The flag unsent is raised by every finishing event (even an empty batch) and by
+    commit_failed, never by a gap, a restored arrival, a failure or an ack; a request lowers it."""
+    e = r.restored(T0, 0, [3])
+    r.fetched(T0, e, [0, 1, 2, 3, 4], end=8)
+    r.event("started", T0, e, [0, 1, 2])
+    r.failed(T0, e, 1)
+    r.commit_requested(T0)
+    r.event("retry_due", T0, e, 1)
+    r.event("succeeded", T0, e, 2)
+    r.commit_requested(T0)
+    r.event("succeeded", T0, e, [])
+    r.commit_requested(T0)
+    r.commit_failed(T0, e, 0)
+    r.commit_acked(T0, e, 0)
+    r.commit_requested(T0)
+    r.commit_requested(T0)
+    r.event("succeeded", T0, e, 0)
+    r.commit_acked(T0, e, 1)
+    r.commit_requested(T0)
+    r.failed(T0, e, 1, kind="permanent")
+    r.commit_requested(T0)
+    r.event("dead_lettered", T0, e, 1)
+    r.commit_requested(T0)
+
+
+def epoch_counter_survives_crash(r: Recorder) -> None:
+    """Epochs count per core, and crashed() keeps the counter: partitions restored after a
+    crash get the next numbers, never an old one."""
+    a = r.assign(T0, 0)
+    b = r.assign(T1, 0)
+    r.crashed()
+    b2 = r.restored(T1, 0)
+    r.fetched(T0, a, [0])
+    r.fetched(T1, b, [0])
+    r.fetched(T1, a, [0])
+    r.restored(T0, 0)
+    r.fetched(T1, b2, [0])
+    r.revoked(T1)
+    r.assign(T1, 0)
+
+
+def stale_is_any_other_epoch(r: Recorder) -> None:
+    """Stale means any epoch but the partition's current one (older, newer, another
+    partition's), and the epoch is checked before anything in the payload."""
+    e = r.assign(T0, 5)
+    f = r.assign(T1, 0)
+    r.fetched(T0, e + 2, [5, 6])
+    r.fetched(T0, f, [5, 6])
+    r.fetched(T0, 0, [9, 7])
+    r.fetched(T0, e, [5, 6, 7])
+    r.event("started", T0, f, 5)
+    r.event("started", T0, 99, 42)
+    r.event("started", T0, 99, [5, 5])
+    r.event("started", T0, e, [5, 6])
+    r.failed(T0, 99, 6)
+    r.failed(T0, 99, 7)
+    r.event("succeeded", T0, e, 5)
+    r.commit_acked(T0, 99, 100)
+    r.commit_failed(T0, 99, 6)
+    r.commit_requested(T0)
+    r.commit_acked(T0, 0, 6)
+    r.commit_acked(T0, e, 6)
+
+
+def failed_while_revoking(r: Recorder) -> None:
+    """While revoking, failed still decides: a retryable failure answers RetryAt and goes
+    Retrying (retry_due is then refused); dead letters, completions and commits go on."""
+    e = r.assign(T0, 0)
+    r.fetched(T0, e, [0, 1, 2, 3])
+    r.event("started", T0, e, [0, 1, 2])
+    r.revoking(T0)
+    r.failed(T0, e, 0, now=10.0, jitter=0.25)
+    r.event("retry_due", T0, e, 0)
+    r.failed(T0, e, 1, kind="permanent", now=11.0)
+    r.event("dead_lettered", T0, e, 1)
+    r.event("succeeded", T0, e, 2)
+    r.event("started", T0, e, 3)
+    r.commit_requested(T0)
+    r.revoking(T0)
+    r.revoked(T0)
+
+
+def partitions_not_held(r: Recorder) -> None:
+    """Every event about a partition that is not held (never assigned, or revoked) is
+    ignored like a stale one: no error, no state, null/false/[] answers."""
+    r.fetched(T_SLASH, 1, [0])
+    r.fetched(T_SLASH, 1, [])
+    r.event("started", T_SLASH, 1, 0)
+    r.event("succeeded", T_SLASH, 1, [0, 1])
+    r.event("retry_due", T_SLASH, 1, 0)
+    r.event("dead_lettered", T_SLASH, 1, [])
+    r.failed(T_SLASH, 1, 0)
+    r.commit_requested(T_SLASH)
+    r.commit_acked(T_SLASH, 1, 5)
+    r.commit_failed(T_SLASH, 1, 5)
+    r.revoking(T_SLASH)
+    r.revoked(T_SLASH)
+    e = r.assign(T_SLASH, 3)
+    r.revoked(T_SLASH)
+    r.event("succeeded", T_SLASH, e, 3)
+    r.revoking(T_SLASH)
+    r.fetched(T_SLASH, e, [3])
+    r.commit_requested(T_SLASH)
+
+
+def error_precedence(r: Recorder) -> None:
+    """When several checks apply: stale epoch first; assign: already held before bad
+    offsets; fetched: an empty end-less batch (no event), then revoking, then order."""
+    e = r.assign(T0, 5)
+    r.assign(T0, -1)
+    r.assign(T0, 5, [5])
+    r.assign(T1, -1, [0])
+    r.assign(T1, 3, [2])
+    r.fetched(T0, e, [5, 6, 7])
+    r.event("started", T0, e, 5)
+    r.revoking(T0)
+    r.fetched(T0, e, [])
+    r.fetched(T0, e, [3, 1])
+    r.fetched(T0, e, [], end=4)
+    r.fetched(T0, e + 1, [3, 1])
+    r.event("started", T0, e, [6, 6])
+    r.event("started", T0, e, [])
+    r.event("retry_due", T0, e, 5)
+    r.failed(T0, e, 6)
+    r.commit_acked(T0, e, 9)
+    r.event("succeeded", T0, e, 5)
+    r.commit_acked(T0, e + 1, 9)
+
+
+def empty_batches(r: Recorder) -> None:
+    """fetched([]) without end is no event; with end it covers a gap (end = next: nothing,
+    end < next: OffsetOrderError); empty lifecycle batches answer true, finishing ones
+    raise unsent."""
+    e = r.assign(T0, 4)
+    r.fetched(T0, e, [])
+    r.fetched(T0, e, [], end=4)
+    r.commit_requested(T0)
+    r.fetched(T0, e, [], end=3)
+    r.fetched(T0, e, [], end=6)
+    r.commit_requested(T0)
+    r.event("started", T0, e, [])
+    r.commit_requested(T0)
+    r.event("dead_lettered", T0, e, [])
+    r.commit_requested(T0)
+    r.event("succeeded", T0, e, [])
+    r.revoking(T0)
+    r.event("succeeded", T0, e, [])
+    r.event("started", T0, e, [])
+    r.fetched(T0, e, [])
+    r.revoked(T0)
+
+
+def _retries(max_retries: int) -> Callable[[Recorder], None]:
+    def scenario(r: Recorder) -> None:
+        r.policy(max_retries, base_delay=0.25, max_delay=2.0)
+        e = r.assign(T0, 0)
+        r.fetched(T0, e, [0, 1, 2])
+        r.event("started", T0, e, [0, 1, 2])
+        jitters = [0.5, 1.0, 0.0, 0.3, 0.9, 0.75]
+        for n in range(max_retries):
+            r.failed(T0, e, 0, now=1000.0 + n, jitter=jitters[n])
+            r.event("retry_due", T0, e, 0)
+        r.failed(T0, e, 0, now=2000.0, jitter=0.5)
+        r.event("retry_due", T0, e, 0)
+        r.event("dead_lettered", T0, e, 0)
+        if r.failed(T0, e, 1, kind="unknown", now=3000.0, jitter=0.1)["type"] == "RetryAt":
+            r.event("retry_due", T0, e, 1)
+            r.failed(T0, e, 1, kind="permanent", now=3001.0)
+        r.event("dead_lettered", T0, e, 1)
+        r.failed(T0, e, 2, kind="permanent", now=4000.0)
+        r.event("dead_lettered", T0, e, 2)
+        r.commit_requested(T0)
+
+    scenario.__name__ = f"retries_max_{max_retries}"
+    scenario.__doc__ = (
+        f"max_retries = {max_retries}: a retryable or unknown failure is retried while the "
+        f"message has failed at most {max_retries} times, then DeadLetter(attempts = "
+        f"{max_retries + 1}, kind failed); kind permanent only for failure kind permanent."
+    )
+    return scenario
+
+
+def backoff_and_jitter(r: Recorder) -> None:
+    """at = now + jitter * min(max_delay, base_delay * 2^(n-1)) in doubles, n the failure
+    count: jitter 0, 1 and others, the cap reached at n = 4, a wall-clock now."""
+    r.policy(7, base_delay=0.1, max_delay=0.5)
+    e = r.assign(T0, 0)
+    r.fetched(T0, e, [0])
+    r.event("started", T0, e, 0)
+    now = 1_700_000_000.123
+    for n, jitter in enumerate([0.3, 1.0, 0.0, 0.7, 0.3, 1.0, 0.123456789], 1):
+        r.failed(T0, e, 0, now=now + n, jitter=jitter)
+        r.event("retry_due", T0, e, 0)
+    r.failed(T0, e, 0, now=now + 8, jitter=0.5)
+
+
+def backoff_zero(r: Recorder) -> None:
+    """base_delay = max_delay = 0 is a valid policy: every retry is due at now."""
+    r.policy(2, base_delay=0.0, max_delay=0.0)
+    e = r.assign(T0, 0)
+    r.fetched(T0, e, [0])
+    r.event("started", T0, e, 0)
+    r.failed(T0, e, 0, now=5.5, jitter=1.0)
+    r.event("retry_due", T0, e, 0)
+    r.failed(T0, e, 0, now=6.5, jitter=0.5)
+    r.event("retry_due", T0, e, 0)
+    r.failed(T0, e, 0, now=7.5, jitter=0.5)
+
+
+def big_offsets(r: Recorder) -> None:
+    """Offsets are exact integers: around 2^53 (where doubles collapse neighbours) and up to
+    2^63 - 1; JSON numbers must be read without rounding."""
+    e = r.restored(T0, B53 - 2, [B53 + 1])
+    r.fetched(T0, e, [B53 - 2, B53 - 1, B53, B53 + 1, B53 + 2])
+    r.event("started", T0, e, [B53 - 2, B53, B53 + 2])
+    r.event("succeeded", T0, e, [B53 + 2, B53])
+    r.commit_requested(T0)
+    r.event("succeeded", T0, e, B53 - 2)
+    r.commit_requested(T0)
+    r.fetched(T0, e, [B53 + 4], end=B53 + 7)
+    f = r.assign(T1, I64 - 3, [I64 - 1])
+    r.fetched(T1, f, [I64 - 3, I64 - 2])
+    r.event("started", T1, f, [I64 - 3, I64 - 2])
+    r.event("succeeded", T1, f, [I64 - 2, I64 - 3])
+    r.commit_requested(T1)
+    r.fetched(T1, f, [I64 - 1])
+    r.commit_requested(T1)
+    r.commit_acked(T1, f, I64)
+
+
+def batch_completion_needs_source_state(r: Recorder) -> None:
+    """A finishing batch needs every offset in its source state (succeeded: Processing,
+    dead_lettered: Failed); Pending, finished or restored offsets refuse the whole batch."""
+    e = r.restored(T0, 0, [4])
+    r.fetched(T0, e, range(6))
+    r.event("started", T0, e, [0, 1])
+    r.event("succeeded", T0, e, [0, 2])
+    r.event("succeeded", T0, e, [1, 4])
+    r.event("dead_lettered", T0, e, [0])
+    r.event("dead_lettered", T0, e, 0)
+    r.failed(T0, e, 1, kind="permanent")
+    r.event("dead_lettered", T0, e, [1, 0])
+    r.event("succeeded", T0, e, [0, 1])
+    r.event("succeeded", T0, e, [0])
+    r.event("dead_lettered", T0, e, [1])
+    r.event("succeeded", T0, e, [0])
+    r.commit_requested(T0)
+
+
+def failure_count_per_assignment(r: Recorder) -> None:
+    """A message's failure count belongs to its assignment: after revoke and assign, or
+    crash and restore, its next failure is attempt 1 again."""
+    r.policy(2, base_delay=1.0, max_delay=8.0)
+
+    def run_and_fail(e: int, now: float, times: int) -> None:
+        r.fetched(T0, e, [0])
+        r.event("started", T0, e, 0)
+        for n in range(times):
+            if n:
+                r.event("retry_due", T0, e, 0)
+            r.failed(T0, e, 0, now=now + n)
+
+    run_and_fail(r.assign(T0, 0), 1.0, 2)
+    r.revoked(T0)
+    run_and_fail(r.assign(T0, 0), 3.0, 2)
+    r.crashed()
+    run_and_fail(r.restored(T0, 0), 5.0, 1)
+
+
+def commit_acks_and_failures(r: Recorder) -> None:
+    """commit_acked takes any offset up to processed, even one never requested (requested
+    rises to it); commit_failed ignores its offset: requested falls to committed, unsent rises."""
+    e = r.assign(T0, 0)
+    r.fetched(T0, e, range(4))
+    r.event("started", T0, e, [0, 1, 2, 3])
+    r.event("succeeded", T0, e, [0, 1, 2])
+    r.commit_acked(T0, e, 2)
+    r.commit_acked(T0, e, 4)
+    r.commit_requested(T0)
+    r.commit_failed(T0, e, 999)
+    r.commit_acked(T0, e, 3)
+    r.commit_requested(T0)
+    r.commit_acked(T0, e, 1)
+    r.commit_failed(T0, e, -5)
+    r.commit_requested(T0)
+
+
+def revoked_final_commit(r: Recorder) -> None:
+    """Commits go on while revoking; revoked answers the final Commit (the dropped
+    assignment's epoch and finished_above) or null, and an ack of it is late."""
+    e = r.assign(T0, 0, [6])
+    f = r.assign(T1, 0)
+    r.fetched(T0, e, range(4))
+    r.event("started", T0, e, [0, 1, 2, 3])
+    r.event("succeeded", T0, e, [0, 2])
+    r.revoking(T0)
+    r.commit_requested(T0)
+    r.event("succeeded", T0, e, 3)
+    r.revoked(T0)
+    r.commit_acked(T0, e, 1)
+    r.revoked(T1)
+    r.commit_acked(T1, f, 0)
+
+
+def restored_offsets_never_run(r: Recorder) -> None:
+    """Restored offsets are a set (order and repeats in the list do not matter); they arrive
+    finished, are not handed out, and starting one is illegal."""
+    e = r.restored(T0, 0, [3, 1, 3])
+    r.fetched(T0, e, range(5))
+    r.event("started", T0, e, 1)
+    r.event("started", T0, e, [0, 3])
+    r.event("started", T0, e, [0, 2, 4])
+    r.event("succeeded", T0, e, [4, 2, 0])
+    r.commit_requested(T0)
+
+
 SCENARIOS: dict[str, Callable[[Recorder], None]] = {
     f.__name__: f
     for f in (
@@ -330,6 +776,7 @@ SCENARIOS: dict[str, Callable[[Recorder], None]] = {
         gap_batch_above_next,
         out_of_order_completion,
         failures_retries_dead_letter,
+        handed_off_finishes,
         acks_late_duplicate_out_of_order,
         failed_commits,
         revoke_assign_stale_epoch,
@@ -337,25 +784,62 @@ SCENARIOS: dict[str, Callable[[Recorder], None]] = {
         illegal_events,
         batch_events,
         two_partitions,
+        finished_above_contents,
+        restored_offset_held_at_batch_end,
+        restored_offset_at_committed,
+        restored_offset_in_gap,
+        unsent_flag,
+        epoch_counter_survives_crash,
+        stale_is_any_other_epoch,
+        failed_while_revoking,
+        partitions_not_held,
+        error_precedence,
+        empty_batches,
+        _retries(0),
+        _retries(1),
+        _retries(5),
+        backoff_and_jitter,
+        backoff_zero,
+        big_offsets,
+        batch_completion_needs_source_state,
+        failure_count_per_assignment,
+        commit_acks_and_failures,
+        revoked_final_commit,
+        restored_offsets_never_run,
     )
 }
 
 
 # -- seeded random walks -------------------------------------------------------------------
 
+#: The retry policy of each random walk, by seed.
+RANDOM_POLICIES: dict[int, tuple[int, float, float]] = {
+    1: (3, 0.1, 30.0),
+    2: (1, 0.25, 1.0),
+    3: (5, 0.001, 0.01),
+    4: (0, 0.5, 0.5),
+}
+RANDOM_SEEDS = tuple(RANDOM_POLICIES)
 
-def random_walk(r: Recorder, seed: int, steps: int = 60) -> None:
-    """Mostly legal events chosen from the model's state, with some illegal and
-    stale ones mixed in."""
+
+def random_walk(r: Recorder, seed: int, steps: int = 80) -> None:
+    """Mostly legal events chosen from the model's state, with some illegal, stale,
+    empty and not-held ones mixed in."""
+    r.policy(*RANDOM_POLICIES[seed])
     rng = random.Random(seed)
     epochs: dict[str, int] = {}
     stale: list[tuple[str, int]] = []
+    clock = [0.0]
     while len(r.steps) < steps:
-        _random_step(r, rng, epochs, stale)
+        _random_step(r, rng, epochs, stale, clock)
 
 
 def _random_step(
-    r: Recorder, rng: random.Random, epochs: dict[str, int], stale: list[tuple[str, int]]
+    r: Recorder,
+    rng: random.Random,
+    epochs: dict[str, int],
+    stale: list[tuple[str, int]],
+    clock: list[float],
 ) -> None:
     """One step of :func:`random_walk`, on a random partition."""
     tp = rng.choice([T0, T1])
@@ -373,6 +857,9 @@ def _random_step(
     def pick(state: str) -> int:
         return rng.choice(by_state[state])
 
+    def some(state: str) -> list[int]:
+        return rng.sample(by_state[state], rng.randrange(1, len(by_state[state]) + 1))
+
     def fetch() -> None:
         first = part.next + rng.choice([0, 0, 0, 1])
         offsets = [o for o in range(first, first + rng.randrange(1, 4)) if rng.random() < 0.8]
@@ -382,11 +869,16 @@ def _random_step(
             r.fetched(tp, e, offsets, (offsets[-1] + 1 if offsets else first) + rng.randrange(2))
 
     def commit() -> None:
-        offset = r.commit_requested(tp)
-        if offset is not None and rng.random() < 0.8:
-            r.commit_acked(tp, e, offset)
-        elif offset is not None:
-            r.commit_failed(tp, e, offset)
+        commit = r.commit_requested(tp)
+        if commit is not None and rng.random() < 0.8:
+            r.commit_acked(tp, e, commit["offset"])
+        elif commit is not None:
+            r.commit_failed(tp, e, commit["offset"])
+
+    def fail() -> None:
+        clock[0] += rng.choice([0.5, 1.0, 7.25])
+        kind = rng.choice(["retryable", "retryable", "unknown", "permanent"])
+        r.failed(tp, e, pick("Processing"), kind, clock[0], rng.choice([0.0, 1.0, rng.random()]))
 
     def stale_event() -> None:
         old_tp, old_e = rng.choice(stale)
@@ -404,6 +896,9 @@ def _random_step(
         name = rng.choice(["started", "succeeded", "retry_due", "dead_lettered"])
         r.event(name, tp, e, rng.randrange(0, part.next + 3))
 
+    def empty() -> None:
+        r.event(rng.choice(["started", "succeeded", "dead_lettered"]), tp, e, [])
+
     candidates: list[tuple[float, Callable[[], object]]] = [
         (3.0 if not part.draining else 0.2, fetch),
         (1.5, commit),
@@ -412,24 +907,23 @@ def _random_step(
         (0.3, revoke),
         (0.15, crash),
         (0.6 if stale else 0.0, stale_event),
+        (0.2, lambda: r.event("started", tp, e + rng.choice([1, 2]), part.next)),
         (0.5, illegal),
+        (0.3, empty),
     ]
     if "Pending" in by_state:
         candidates.append((3.0, lambda: r.event("started", tp, e, pick("Pending"))))
+        candidates.append((1.0, lambda: r.event("started", tp, e, some("Pending"))))
     if "Processing" in by_state:
         candidates.append((3.0, lambda: r.event("succeeded", tp, e, pick("Processing"))))
-        candidates.append(
-            (1.5, lambda: r.failed(tp, e, pick("Processing"), permanent=rng.random() < 0.2))
-        )
+        candidates.append((1.0, lambda: r.event("succeeded", tp, e, some("Processing"))))
+        candidates.append((1.5, fail))
     if "Retrying" in by_state:
         candidates.append((1.5, lambda: r.event("retry_due", tp, e, pick("Retrying"))))
     if "Failed" in by_state:
         candidates.append((1.5, lambda: r.event("dead_lettered", tp, e, pick("Failed"))))
     weights = [w for w, _ in candidates]
     rng.choices([act for _, act in candidates], weights)[0]()
-
-
-RANDOM_SEEDS = (1, 2, 3)
 
 
 # -- files ---------------------------------------------------------------------------------
@@ -445,7 +939,8 @@ def vectors() -> dict[str, dict[str, Any]]:
     for seed in RANDOM_SEEDS:
         r = Recorder()
         random_walk(r, seed)
-        out[f"random_{seed}"] = _vector(f"random_{seed}", f"Seeded random walk, seed {seed}.", r)
+        description = f"Seeded random walk, seed {seed}: legal, illegal, stale and empty events."
+        out[f"random_{seed}"] = _vector(f"random_{seed}", description, r)
     return out
 
 
@@ -454,7 +949,7 @@ def _vector(name: str, description: str, r: Recorder) -> dict[str, Any]:
         "format": FORMAT,
         "name": name,
         "description": " ".join(description.split()),
-        "max_retries": MAX_RETRIES,
+        "retry": r.retry,
         "steps": r.steps,
     }
 

@@ -1,25 +1,46 @@
 """Replay conformance vectors through :class:`htmqc.core.ConsumerCore`.
 
-This is the Python port's side of the contract described in
-``spec/conformance/README.md``; a port in another language writes the same
-loop over its own API.
+This is the Python port's side of the contract in ``spec/conformance/README.md``;
+a port in another language writes the same loop over its own API.
+
+``python -m spec.conformance.replay [PATH ...]`` replays every vector of
+``vectors/`` (or the files and folders given), prints one line per vector and
+exits 1 at the first vector that differs (``--keep-going``: replay them all
+first). It imports :mod:`htmqc.core` by name, so a copy of the core placed
+first on ``PYTHONPATH`` is the one replayed (this is how mutation testing and
+``tests/spec/test_readings.py`` use it).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from htmqc.core import ConsumerCore, CoreError, DeadLetter, FailureKind, RetryAt, RetryPolicy
+from htmqc.core import (
+    Commit,
+    ConsumerCore,
+    CoreError,
+    DeadLetter,
+    FailureKind,
+    HandOff,
+    RetryAt,
+    RetryPolicy,
+)
 
 VECTORS = Path(__file__).resolve().parent / "vectors"
-_SINGLE = {"started", "succeeded", "retry_due", "dead_lettered"}
+FORMAT = 2
+#: Lifecycle events the core takes one offset at a time, and in batches (``_many``).
+SINGLE = ("started", "succeeded", "retry_due", "dead_lettered", "handed_off")
+BATCH = ("started_many", "succeeded_many", "dead_lettered_many")
 
 
 def load(path: Path) -> dict[str, Any]:
-    """One vector file."""
+    """One vector file (JSON integers are read exactly, whatever their size)."""
     data: dict[str, Any] = json.loads(path.read_text())
     return data
 
@@ -35,14 +56,17 @@ def parse_tp(name: str) -> tuple[str, int]:
     return topic, int(partition)
 
 
-def _answer(value: Any) -> Any:
-    """The core's answer in the vectors' vocabulary."""
-    if isinstance(value, RetryAt):
-        return "retry"
-    if isinstance(value, DeadLetter):
-        return "dead_letter"
-    if hasattr(value, "offset") and hasattr(value, "finished_above"):  # a Commit
-        return value.offset
+def answer(value: Any) -> Any:
+    """The core's answer in the vectors' vocabulary: a decision becomes an object
+    with its ``type`` and every field; a batch of offsets becomes a list."""
+    if isinstance(value, (Commit, RetryAt, HandOff, DeadLetter)):
+        data = {f.name: getattr(value, f.name) for f in fields(value)}
+        if isinstance(value, DeadLetter):
+            data["kind"] = value.kind.value
+        data["tp"] = f"{value.tp[0]}/{value.tp[1]}"
+        if isinstance(value, Commit):
+            data["finished_above"] = list(value.finished_above)
+        return {"type": type(value).__name__, **data}
     if isinstance(value, (list, tuple, range)):
         return list(value)
     return value
@@ -51,9 +75,12 @@ def _answer(value: Any) -> Any:
 def call(core: ConsumerCore, op: str, args: dict[str, Any]) -> Any:
     """Perform one step on ``core``; return its answer in vector vocabulary."""
     if op == "crashed":
-        core.crashed()
-        return None
+        return core.crashed()
     tp = parse_tp(args["tp"])
+    if op in SINGLE:
+        return getattr(core, op)(tp, args["epoch"], args["offset"])
+    if op in BATCH:
+        return getattr(core, op)(tp, args["epoch"], args["offsets"])
     actions: dict[str, Callable[[], Any]] = {
         "assign": lambda: core.assign(tp, args["committed"], args["finished_above"]),
         "restored": lambda: core.restored(tp, args["committed"], args["finished_above"]),
@@ -62,9 +89,9 @@ def call(core: ConsumerCore, op: str, args: dict[str, Any]) -> Any:
             tp,
             args["epoch"],
             args["offset"],
-            FailureKind.PERMANENT if args["permanent"] else FailureKind.RETRYABLE,
-            now=0.0,
-            jitter=0.5,
+            FailureKind(args["kind"]),
+            args["now"],
+            args["jitter"],
         ),
         "commit_requested": lambda: core.commit_requested(tp),
         "commit_acked": lambda: core.commit_acked(tp, args["epoch"], args["offset"]),
@@ -72,31 +99,98 @@ def call(core: ConsumerCore, op: str, args: dict[str, Any]) -> Any:
         "revoking": lambda: core.revoking(tp),
         "revoked": lambda: core.revoked(tp),
     }
-    if op in _SINGLE:
-        if "offsets" in args:
-            method = getattr(core, f"{op}_many")
-            return _answer(method(tp, args["epoch"], args["offsets"]))
-        return _answer(getattr(core, op)(tp, args["epoch"], args["offset"]))
-    return _answer(actions[op]())
+    return actions[op]()
 
 
 def mismatches(vector: dict[str, Any]) -> Iterator[str]:
-    """Every difference between the core and the vector, step by step (none: conforms)."""
-    core = ConsumerCore(RetryPolicy(max_retries=vector["max_retries"]))
+    """Every difference between the core and the vector, step by step (none: conforms).
+    Stops after the first step whose state differs: later steps would only echo it."""
+    if vector.get("format") != FORMAT:
+        yield f"{vector.get('name')}: format {vector.get('format')!r}; this replay reads {FORMAT}"
+        return
+    core = ConsumerCore(RetryPolicy(**vector["retry"]))
     for i, step in enumerate(vector["steps"]):
         where = f"{vector['name']} step {i} ({step['op']} {step['args']})"
+        expected = step.get("error", step.get("result"))
         try:
-            answer = call(core, step["op"], step["args"])
+            got = answer(call(core, step["op"], step["args"]))
         except CoreError as exc:
             if step.get("error") != type(exc).__name__:
-                expected = step.get("error", step.get("result"))
                 yield f"{where}: raised {type(exc).__name__}: {exc}; expected {expected!r}"
+        except Exception as exc:  # a port's bug, reported like any other difference
+            yield f"{where}: raised unexpected {type(exc).__name__}: {exc}; expected {expected!r}"
         else:
             if "error" in step:
-                yield f"{where}: answered {answer!r}; expected {step['error']}"
-            elif answer != step["result"]:
-                yield f"{where}: answered {answer!r}; expected {step['result']!r}"
+                yield f"{where}: answered {got!r}; expected {step['error']}"
+            elif got != step["result"]:
+                yield f"{where}: answered {got!r}; expected {step['result']!r}"
         state = core.snapshot()
         if state != step["state"]:
             yield f"{where}: state {state}; expected {step['state']}"
             return
+
+
+def _paths(args: Sequence[str]) -> list[Path]:
+    """The vector files named by ``args`` (files, or folders of ``*.json``).
+
+    :raises ValueError: a path does not exist or a folder holds no vector.
+    """
+    if not args:
+        return vector_files()
+    out: list[Path] = []
+    for arg in args:
+        path = Path(arg)
+        if path.is_dir():
+            found = vector_files(path)
+            if not found:
+                raise ValueError(f"{arg} holds no *.json vector; give a vector file or folder")
+            out.extend(found)
+        elif path.is_file():
+            out.append(path)
+        else:
+            raise ValueError(f"{arg} does not exist; give a vector file or folder")
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Replay vectors through the core: 0 if every one conforms, 1 if one differs,
+    2 for bad input."""
+    parser = argparse.ArgumentParser(
+        prog="python -m spec.conformance.replay",
+        description="Replay conformance vectors through htmqc.core.",
+    )
+    parser.add_argument("paths", nargs="*", help="vector files or folders (default: all)")
+    parser.add_argument(
+        "--keep-going", action="store_true", help="replay every vector even after a mismatch"
+    )
+    args = parser.parse_args(argv)
+    try:
+        paths = _paths(args.paths)
+    except ValueError as exc:
+        print(f"replay: {exc}", file=sys.stderr)
+        return 2
+    failed = 0
+    for path in paths:
+        try:
+            vector = load(path)
+        except (OSError, ValueError) as exc:
+            print(f"replay: {path} is not a JSON vector ({exc}); regenerate it with "
+                  "python -m spec.conformance.generate", file=sys.stderr)
+            return 2
+        first = next(mismatches(vector), None)
+        if first is None:
+            print(f"ok    {path.stem} ({len(vector['steps'])} steps)")
+            continue
+        print(f"FAIL  {path.stem}: {first}")
+        failed += 1
+        if not args.keep_going:
+            return 1
+    if failed:
+        print(f"{failed} of {len(paths)} vectors differ")
+        return 1
+    print(f"{len(paths)} vectors conform")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -263,15 +263,15 @@ def _explain(errors: list[str]) -> str:
     return ": " + secrets.scrub(" ".join(text.split()))[:300]
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """Linux: have the kernel SIGTERM the broker when the thread that started it exits.
+def _die_with_parent(sig: int = signal.SIGTERM) -> None:  # pragma: no cover - in the child
+    """Linux: have the kernel send ``sig`` to the broker when the thread that started it exits.
 
     So a test run or ``htmqc broker`` that is killed outright leaves no broker
-    behind. Best effort: elsewhere it does nothing.
+    behind. Runs in the child before exec. Best effort: elsewhere it does nothing.
     """
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        libc.prctl(_PR_SET_PDEATHSIG, sig)
 
 
 def _spawn(
@@ -573,6 +573,8 @@ def create_topic(
 ) -> None:
     """Create ``topic`` with ``partitions`` partitions; wait until all have leaders.
 
+    Its replication factor is the broker's default (``default.replication.factor``).
+
     A topic that already exists with exactly ``partitions`` partitions is fine;
     one with another count raises :class:`~htmqc.errors.UsageError`.
     ``config``: the user's librdkafka settings (connection ones are used).
@@ -581,7 +583,9 @@ def create_topic(
         raise UsageError(f"--partitions must be at least 1, got {partitions}", "pass 1 or more")
     admin = _admin(bootstrap, config)
     futures = admin.create_topics(
-        [NewTopic(topic, num_partitions=partitions, replication_factor=1)],
+        # -1: the broker's default.replication.factor (1 on the bundled broker, 3 on a
+        # three-node Kafka), so min.insync.replicas can be met wherever it runs.
+        [NewTopic(topic, num_partitions=partitions, replication_factor=-1)],
         operation_timeout=timeout,
         request_timeout=timeout,
     )
@@ -601,7 +605,8 @@ def create_topic(
             ready = _partitions_ready(admin, topic, partitions)
             if ready is not None:
                 meta = admin.list_topics(topic=topic, timeout=5.0).topics[topic]
-                if len(meta.partitions) != partitions:
+                # no partitions yet: a broker of a cluster that has not caught up
+                if meta.partitions and len(meta.partitions) != partitions:
                     raise UsageError(
                         f"topic {topic!r} exists with {len(meta.partitions)} partitions, "
                         f"not {partitions}",

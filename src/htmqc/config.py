@@ -38,7 +38,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from htmqc import secrets
 from htmqc.errors import UsageError
-from htmqc.runtime.options import MODES, RunOptions
+from htmqc.runtime.options import GROUP_PROTOCOLS, LOG_FORMATS, MODES, RunOptions
 
 _SECRET_WORDS = ("password", "secret", "key", "token", "credential", "jaas", "sasl.oauthbearer")
 
@@ -82,6 +82,7 @@ FIELDS: dict[str, tuple[type, Any]] = {
     "permanent_errors": (str, None),
     "member_id": (str, None),
     "retryable_errors": (str, None),
+    "group_protocol": (str, "classic"),
 }
 REQUIRED = ("bootstrap", "topic", "group")
 
@@ -116,7 +117,11 @@ LIMITS: dict[str, tuple[float, float, bool]] = {
 MAX_TEXT = 4096
 #: A ``--config`` file larger than this is refused before it is parsed.
 MAX_CONFIG_BYTES = 1024 * 1024
-_CHOICES = {"flow": ("adaptive", "fixed"), "log_format": ("text", "json")}
+_CHOICES = {
+    "flow": ("adaptive", "fixed"),
+    "log_format": LOG_FORMATS,
+    "group_protocol": GROUP_PROTOCOLS,
+}
 #: Values of secret-looking keys that are settings, not secrets (never remembered:
 #: masking "true" would break JSON output).
 _NOT_SECRET_VALUES = frozenset({"true", "false", "none", "plain", "ssl", "https"})

@@ -11,6 +11,13 @@ the first generation). :data:`LOCAL_BROKER_CONSUMER` brings that to a few
 seconds; it is applied only when :func:`is_local` says every bootstrap server
 is a loopback address, because such short timeouts are wrong for a real
 cluster across a network. User overrides always win, applied last.
+
+KIP-848 (``group.protocol=consumer``, Kafka 4.0 and later): the broker assigns
+partitions and owns the session and heartbeat timing, and librdkafka refuses
+:data:`CLASSIC_ONLY` settings under it, so :func:`consumer_config` leaves out
+the defaults among them (a user's own override is kept: librdkafka's refusal
+then names it). A loopback Apache Kafka from :mod:`htmqc.kafka_cluster` sets
+the broker side to the same timing as :data:`LOCAL_BROKER_CONSUMER`.
 """
 
 from __future__ import annotations
@@ -67,6 +74,11 @@ LOCAL_BROKER_PRODUCER: Mapping[str, Any] = {
 }
 """Producer timing for the bundled loopback broker."""
 
+CLASSIC_PROTOCOL = "classic"
+CONSUMER_PROTOCOL = "consumer"
+CLASSIC_ONLY = ("partition.assignment.strategy", "session.timeout.ms", "heartbeat.interval.ms")
+"""Consumer settings of the classic group protocol that ``group.protocol=consumer`` refuses."""
+
 _LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
 
@@ -99,14 +111,30 @@ def is_local(bootstrap: str) -> bool:
 
 
 def consumer_config(
-    bootstrap: str, group: str, overrides: Mapping[str, Any] | None = None
+    bootstrap: str,
+    group: str,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    group_protocol: str = CLASSIC_PROTOCOL,
 ) -> KafkaConfig:
-    """Consumer config: base settings, local timing if loopback, then overrides."""
+    """Consumer config: base settings, local timing if loopback, then overrides.
+
+    ``group_protocol="consumer"`` (or ``group.protocol=consumer`` among the
+    overrides) joins with KIP-848's protocol, without the defaults of
+    :data:`CLASSIC_ONLY`.
+    """
+    overrides = overrides or {}
     config: KafkaConfig = {"bootstrap.servers": bootstrap, "group.id": group}
     config.update(CONSUMER_BASE)
     if is_local(bootstrap):
         config.update(LOCAL_BROKER_CONSUMER)
-    config.update(overrides or {})
+    if group_protocol != CLASSIC_PROTOCOL:
+        config["group.protocol"] = group_protocol
+    config.update(overrides)
+    if str(config.get("group.protocol", CLASSIC_PROTOCOL)).lower() == CONSUMER_PROTOCOL:
+        for key in CLASSIC_ONLY:
+            if key not in overrides:
+                config.pop(key, None)
     return config
 
 

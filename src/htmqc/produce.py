@@ -24,6 +24,13 @@ client-side the transactional producer lingers (``linger.ms`` of 30 s) until
 commit; if a batch still leaves early (values so large that 1000 of them
 exceed ``message.max.bytes``), ``ProduceReport.aborted_written`` counts the
 aborted records that reached the broker.
+
+An abort can overtake the registration of the transaction's partitions
+(librdkafka issue 4849: EndTxn reaches the coordinator while it still holds the
+transaction as empty, and Apache Kafka answers INVALID_TXN_STATE, fatal to the
+producer). Nothing of that transaction is on the broker then, so produce
+carries on with a new producer of the same transactional id, whose
+``init_transactions`` would abort anything that was.
 """
 
 from __future__ import annotations
@@ -146,6 +153,12 @@ def _send(
     producer.poll(0)
 
 
+def _abort_overtook_registration(exc: KafkaException) -> bool:
+    """Whether ``abort_transaction`` failed as in librdkafka issue 4849 (module docs)."""
+    err = exc.args[0] if exc.args else None
+    return isinstance(err, KafkaError) and err.code() == KafkaError.INVALID_TXN_STATE
+
+
 def _flush(producer: Producer, timeout: float) -> None:
     remaining = producer.flush(timeout)
     if remaining:
@@ -190,13 +203,17 @@ def produce(
     tx_id = f"htmqc-produce-{uuid.uuid4().hex[:12]}" if transactional else None
     overrides = _TRANSACTIONAL_TIMING if transactional else None
     settings = {**(kafka_config or {}), **(overrides or {})}
-    try:
-        producer = Producer(producer_config(bootstrap, settings, transactional_id=tx_id))
-    except KafkaException as exc:
-        raise UsageError(
-            f"invalid Kafka setting: {exc.args[0].str() if exc.args else 'unknown'}",
-            "check the --kafka-config keys and values",
-        ) from None
+
+    def new_producer() -> Producer:
+        try:
+            return Producer(producer_config(bootstrap, settings, transactional_id=tx_id))
+        except KafkaException as exc:
+            raise UsageError(
+                f"invalid Kafka setting: {exc.args[0].str() if exc.args else 'unknown'}",
+                "check the --kafka-config keys and values",
+            ) from None
+
+    producer = new_producer()
     aborted: list[int] = []
     started = time.perf_counter()
     try:
@@ -215,7 +232,13 @@ def produce(
                     producer.begin_transaction()
                     if abort_every and n % abort_every == 0:
                         _send(producer, topic, ids, keys, size, on_aborted_delivery)
-                        producer.abort_transaction(flush_timeout)
+                        try:
+                            producer.abort_transaction(flush_timeout)
+                        except KafkaException as exc:
+                            if not _abort_overtook_registration(exc):
+                                raise
+                            producer = new_producer()  # see the module docs
+                            producer.init_transactions(flush_timeout)
                         producer.poll(0)  # run the purged records' callbacks
                         aborted.extend(ids)
                     else:

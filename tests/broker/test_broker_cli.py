@@ -115,6 +115,7 @@ def test_broker_command_prints_bootstrap_and_stops_on_sigterm() -> None:
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
 
 
+@pytest.mark.tansu_only
 def test_broker_command_on_a_taken_port_is_one_line(broker: Broker) -> None:
     result = htmqc("broker", "--port", str(broker.port))
     assert result.returncode == 1

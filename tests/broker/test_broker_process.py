@@ -6,13 +6,16 @@ import socket
 import time
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Message, Producer
+from confluent_kafka import Consumer, KafkaException, Message, Producer
 
+from htmqc import broker as broker_module
 from htmqc.broker import Broker, create_topic, free_port, start_broker, wait_reachable
 from htmqc.errors import RuntimeFailure, UsageError
-from htmqc.kafka_defaults import consumer_config, is_local, producer_config
+from htmqc.kafka_defaults import CLASSIC_ONLY, consumer_config, is_local, producer_config
 from tests.broker.readback import TopicFactory
 
 pytestmark = pytest.mark.broker
@@ -46,6 +49,7 @@ def test_start_round_trip_through_a_group_and_stop() -> None:
         socket.create_connection(("127.0.0.1", broker.port), timeout=1).close()
 
 
+@pytest.mark.tansu_only
 def test_start_on_a_given_port_and_reject_a_taken_one(broker: Broker) -> None:
     port = free_port()
     with start_broker(port) as mine:
@@ -122,6 +126,30 @@ def test_consumer_config_layers_base_local_then_overrides() -> None:
     assert remote["group.id"] == "g"
 
 
+@pytest.mark.parametrize("bootstrap", ["127.0.0.1:9092", "kafka.example.com:9092"])
+def test_the_consumer_group_protocol_leaves_out_the_classic_only_settings(bootstrap: str) -> None:
+    """librdkafka refuses partition.assignment.strategy, session.timeout.ms and
+    heartbeat.interval.ms under group.protocol=consumer: the defaults are left
+    out, whichever way the protocol is chosen, and a consumer can be made."""
+    classic = consumer_config(bootstrap, "g")
+    assert "group.protocol" not in classic
+    assert classic["partition.assignment.strategy"] == "cooperative-sticky"
+    for config in (
+        consumer_config(bootstrap, "g", group_protocol="consumer"),
+        consumer_config(bootstrap, "g", {"group.protocol": "consumer"}),
+    ):
+        assert config["group.protocol"] == "consumer"
+        assert not set(CLASSIC_ONLY) & set(config)
+        assert config["max.poll.interval.ms" if is_local(bootstrap) else "group.id"]
+        Consumer(config).close()
+    # a user's own classic-only setting is kept: librdkafka's refusal names it
+    mine = consumer_config(bootstrap, "g", {"session.timeout.ms": 9000}, group_protocol="consumer")
+    assert mine["session.timeout.ms"] == 9000
+    with pytest.raises(KafkaException, match=r"session\.timeout\.ms"):
+        Consumer(mine)
+
+
+@pytest.mark.tansu_only
 def test_a_spawn_on_a_taken_port_is_not_mistaken_for_ready(broker: Broker, tmp_path: Path) -> None:
     # The other broker on that port answers metadata; only our own log says ready.
     from htmqc.broker import _spawn, _wait_ready, broker_binary
@@ -132,3 +160,26 @@ def test_a_spawn_on_a_taken_port_is_not_mistaken_for_ready(broker: Broker, tmp_p
     finally:
         clash.stop()
     assert broker.running()
+
+
+def test_create_topic_waits_for_a_broker_that_has_not_caught_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A broker of a Kafka cluster can list a topic created a moment ago with no
+    partitions yet (seen on the three-node cluster): that is not another count."""
+    listed: list[int] = []
+
+    class Admin:
+        def create_topics(self, topics: list[Any], **_: Any) -> dict[str, Any]:
+            return {"t": SimpleNamespace(result=lambda timeout: None)}
+
+        def list_topics(self, topic: str, timeout: float) -> Any:
+            count = 0 if len(listed) < 3 else 3
+            listed.append(count)
+            part = SimpleNamespace(leader=1, error=None)
+            found = SimpleNamespace(partitions=dict.fromkeys(range(count), part), error=None)
+            return SimpleNamespace(topics={"t": found})
+
+    monkeypatch.setattr(broker_module, "_admin", lambda bootstrap, config: Admin())
+    create_topic("127.0.0.1:1", "t", 3)
+    assert listed[:3] == [0, 0, 0] and listed[-1] == 3

@@ -18,9 +18,10 @@ from tests.services import postgres_url
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 
-def test_ci_size_chaos_run(tmp_path: Path) -> None:
+def test_ci_size_chaos_run(tmp_path: Path, broker_kind: str) -> None:
     url = postgres_url()
     config = ChaosConfig(
+        broker=broker_kind,
         seed=20,
         partitions=4,
         consumers=2,

@@ -19,7 +19,7 @@ from htmqc.chaos.harness import ChaosConfig, run_chaos
 from htmqc.cli import main
 from tests.services import postgres_url
 
-pytestmark = [pytest.mark.broker, pytest.mark.slow]
+pytestmark = [pytest.mark.broker, pytest.mark.slow, pytest.mark.brokers("tansu", "kafka")]
 
 
 def pg_url() -> str:
@@ -27,8 +27,9 @@ def pg_url() -> str:
     return url
 
 
-def test_zombie_without_fence_is_caught(tmp_path: Path) -> None:
+def test_zombie_without_fence_is_caught(tmp_path: Path, broker_kind: str) -> None:
     config = ChaosConfig(
+        broker=broker_kind,
         seed=3,
         partitions=4,
         consumers=2,
@@ -57,10 +58,11 @@ def test_zombie_without_fence_is_caught(tmp_path: Path) -> None:
 
 
 def test_sqlite_run_with_kills_and_network_faults_via_the_cli(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], broker_kind: str
 ) -> None:
     report = tmp_path / "report.json"
-    argv = ["chaos", "--db", "sqlite", "--seed", "5", "--partitions", "3", "--messages", "20000"]
+    argv = ["chaos", "--broker", broker_kind, "--db", "sqlite", "--seed", "5", "--partitions", "3"]
+    argv += ["--messages", "20000"]
     argv += ["--faults", "4", "--kinds", "kill,net-reset,net-drop,poison,sink-error"]
     argv += ["--produce-seconds", "10", "--timeout", "150", "--work-dir", str(tmp_path / "w")]
     assert main([*argv, "--report", str(report)]) == 0, capsys.readouterr().out

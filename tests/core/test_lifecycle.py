@@ -7,6 +7,7 @@ import pytest
 from htmqc.core import FINISHED, TRANSITIONS, Event, IllegalTransition, MessageState
 from htmqc.core.lifecycle import INITIAL, step
 from htmqc.core.partition import PartitionTracker
+from tests.core.tables import shortest_paths
 
 
 def test_the_table_is_the_documented_lifecycle() -> None:
@@ -18,6 +19,7 @@ def test_the_table_is_the_documented_lifecycle() -> None:
         (S.FAILED, E.SCHEDULE_RETRY, S.RETRYING),
         (S.RETRYING, E.RETRY_DUE, S.PROCESSING),
         (S.FAILED, E.DEAD_LETTER, S.DEAD_LETTERED),
+        (S.FAILED, E.HAND_OFF, S.HANDED_OFF),
     }
     assert INITIAL is S.PENDING
 
@@ -42,25 +44,12 @@ def test_illegal_steps_raise_key_error() -> None:
         step(MessageState.SUCCEEDED, Event.START)
 
 
-def path_to(state: MessageState) -> list[Event]:
-    """The shortest event path from Pending to ``state`` through the table."""
-    paths = {INITIAL: []}
-    frontier = [INITIAL]
-    while frontier:
-        source = frontier.pop(0)
-        for event, target in TRANSITIONS[source].items():
-            if target not in paths:
-                paths[target] = [*paths[source], event]
-                frontier.append(target)
-    return paths[state]
-
-
 @pytest.mark.parametrize("source", list(MessageState))
 @pytest.mark.parametrize("event", list(Event))
 def test_the_tracker_allows_exactly_the_tables_edges(source: MessageState, event: Event) -> None:
     t = PartitionTracker(0)
     t.fetched([0, 1])  # 1 keeps the watermark from passing 0 once it finishes
-    for e in path_to(source):
+    for e in shortest_paths(TRANSITIONS, INITIAL)[source]:
         t.apply(e, 0)
     before = t.snapshot()
     if event in TRANSITIONS[source]:

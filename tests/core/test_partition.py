@@ -8,6 +8,7 @@ from htmqc.core import (
     Commit,
     ConsumerCore,
     DeadLetter,
+    DeadLetterKind,
     Event,
     FailureKind,
     IllegalTransition,
@@ -234,9 +235,36 @@ def test_restore_after_crash_skips_offsets_the_sink_already_holds(core: Consumer
     assert core.commit_requested(TP) == Commit(tp=TP, epoch=e2, offset=2, finished_above=(3,))
 
 
-def test_finished_above_must_lie_above_the_start() -> None:
-    with pytest.raises(OffsetOrderError):
-        PartitionTracker(5, finished_above=[5])
+def test_finished_above_must_not_lie_below_the_start() -> None:
+    with pytest.raises(OffsetOrderError, match="below start 5"):
+        PartitionTracker(5, finished_above=[4, 6])
+
+
+def test_a_commit_whose_watermark_the_sink_holds_can_be_restored(core: ConsumerCore) -> None:
+    # Found by the stateful test: restored with 1 held, the fetch ends right
+    # below it and 0 finishes, so the commit is (1, (1,)). Restoring from it was
+    # refused ("finished_above offsets must be above start"): a crash loop.
+    e = core.assign(TP, 0, finished_above=[1])
+    running(core, e, [0])
+    core.succeeded(TP, e, 0)
+    commit = core.commit_requested(TP)
+    assert commit == Commit(tp=TP, epoch=e, offset=1, finished_above=(1,))
+    core.crashed()
+    e2 = core.restored(TP, commit.offset, commit.finished_above)
+    assert list(core.fetched(TP, e2, [1, 2])) == [2]  # 1 does not run again
+    assert core.tracker(TP).processed == 2
+
+
+def test_an_empty_finishing_batch_makes_no_commit_due(core: ConsumerCore) -> None:
+    # Found by the stateful test: an empty succeeded_many made the core hand out
+    # a commit of the same watermark; nothing had finished.
+    e = core.assign(TP, 0)
+    running(core, e, [0, 1])
+    core.succeeded(TP, e, 0)
+    assert core.commit_requested(TP) is not None
+    core.succeeded_many(TP, e, [])
+    core.dead_lettered_many(TP, e, [])
+    assert core.commit_requested(TP) is None
 
 
 # -- failures and retries --------------------------------------------------------------------
@@ -253,7 +281,7 @@ def test_failures_retry_with_capped_backoff_then_dead_letter(core: ConsumerCore)
     assert isinstance(second, RetryAt) and second.at == 202.0
     core.retry_due(TP, e, 0)
     third = core.failed(TP, e, 0, FailureKind.UNKNOWN, now=300.0, jitter=0.5)
-    assert third == DeadLetter(tp=TP, epoch=e, offset=0, attempts=3, permanent=False)
+    assert third == DeadLetter(tp=TP, epoch=e, offset=0, attempts=3, kind=DeadLetterKind.FAILED)
     assert core.tracker(TP).processed == 0  # Failed still holds the watermark
     core.dead_lettered(TP, e, 0)
     assert core.tracker(TP).processed == 1
@@ -263,7 +291,8 @@ def test_permanent_failures_dead_letter_at_once(core: ConsumerCore) -> None:
     e = core.assign(TP, 0)
     running(core, e, [0])
     decision = core.failed(TP, e, 0, FailureKind.PERMANENT, now=0.0, jitter=0.0)
-    assert decision == DeadLetter(tp=TP, epoch=e, offset=0, attempts=1, permanent=True)
+    permanent = DeadLetterKind.PERMANENT
+    assert decision == DeadLetter(tp=TP, epoch=e, offset=0, attempts=1, kind=permanent)
 
 
 def test_a_retrying_message_cannot_succeed_before_it_runs_again(core: ConsumerCore) -> None:

@@ -31,14 +31,6 @@ def test_full_jitter_spans_zero_to_the_exponential_ceiling(p: RetryPolicy, attem
     assert p.delay(attempt, 1.0) == pytest.approx(ceiling)
 
 
-@given(policies, st.integers(1, 50), st.sampled_from(list(FailureKind)))
-def test_retry_until_the_budget_is_spent_unless_permanent(
-    p: RetryPolicy, attempts: int, kind: FailureKind
-) -> None:
-    expected = kind is not FailureKind.PERMANENT and attempts <= p.max_retries
-    assert p.should_retry(kind, attempts) == expected
-
-
 @pytest.mark.parametrize(
     "kwargs", [{"max_retries": -1}, {"base_delay": 5, "max_delay": 1}, {"base_delay": -1}]
 )

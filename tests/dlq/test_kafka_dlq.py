@@ -18,7 +18,7 @@ from htmqc.runtime.delivery import AtLeastOnce
 from tests.dlq.support import Msg, info, read_topic
 from tests.dlq.test_sql_dlq import run
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.brokers("tansu", "kafka")]
 
 
 def dead_letter_topic(broker: Broker, new_topic: Any, count: int = 6) -> str:

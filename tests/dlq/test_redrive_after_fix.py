@@ -21,7 +21,7 @@ from tests.dlq.support import read_topic
 from tests.dlq.test_sql_dlq import run
 from tests.runtime.test_run_broker import effect_ids, finish, htmqc_run
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.brokers("tansu", "kafka")]
 COUNT = 300
 
 

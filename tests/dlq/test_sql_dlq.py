@@ -203,6 +203,7 @@ def test_bad_input_is_one_line_exit_2(
 
 
 @pytest.mark.broker
+@pytest.mark.brokers("tansu", "kafka")
 def test_redrive_writes_back_once_and_marks(
     broker: Broker, new_topic: Any, store: Store, capsys: pytest.CaptureFixture[str]
 ) -> None:

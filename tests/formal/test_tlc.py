@@ -40,6 +40,68 @@ The depth of the complete state graph search is 2.
 """
 
 
+def coverage_message(text: str) -> str:
+    """One action-coverage message of TLC's -tool output."""
+    return f"@!@!@STARTMSG 2772:0 @!@!@\n{text}\n@!@!@ENDMSG 2772 @!@!@\n"
+
+
+# Two cumulative reports (the last one counts) and an action that never fired.
+COVERAGE = "".join(
+    coverage_message(text)
+    for text in [
+        "<Assign line 160, col 1 to line 160, col 12 of module Consumer>: 3:5",
+        "<Fetched line 222, col 1 to line 222, col 13 of module Consumer (224 5 232 38)>: 0:0",
+        "<Assign line 160, col 1 to line 160, col 12 of module Consumer>: 4:9",
+        "<Fetched line 222, col 1 to line 222, col 13 of module Consumer (224 5 232 38)>: 1:2",
+        "<Crashed line 199, col 1 to line 199, col 10 of module Consumer>: 0:0",
+    ]
+)
+
+
+def test_parse_output_reads_the_last_coverage_report() -> None:
+    assert tlc.parse_output(COVERAGE)["coverage"] == {"Assign": 9, "Fetched": 2, "Crashed": 0}
+
+
+def _passing(coverage: dict[str, int]) -> tlc.TlcResult:
+    return tlc.TlcResult(
+        model="m", module="M.tla", config="m.cfg", passed=True, exit_code=0, violated=None,
+        distinct_states=11, states_generated=20, depth=3, seconds=1.0, coverage=coverage,
+    )
+
+
+@pytest.mark.parametrize(
+    ("idle", "coverage", "reason"),
+    [
+        ([], {"Assign": 3, "Crashed": 0}, "actions never fire: Crashed"),
+        (["Crashed"], {"Assign": 3, "Crashed": 2}, "actions listed idle fire: Crashed"),
+        (["Crash"], {"Assign": 3, "Crashed": 0}, "unknown idle actions Crash"),
+        ([], {}, "no action coverage"),
+    ],
+    ids=["silent", "idle-fires", "unknown-idle", "none"],
+)
+def test_gate_requires_every_action_to_fire(
+    idle: list[str], coverage: dict[str, int], reason: str
+) -> None:
+    verdict = tlc_cli.judge({"name": "m", "expected": "pass", "idle": idle}, _passing(coverage))
+    assert not verdict.matches and reason in verdict.reason
+    fine = tlc_cli.judge(
+        {"name": "m", "expected": "pass", "idle": ["Crashed"]},
+        _passing({"Assign": 3, "Crashed": 0}),
+    )
+    assert fine.matches and fine.reason == "pass, 1/2 actions fire"
+
+
+def test_an_action_idle_in_every_passing_model_fails_the_gate() -> None:
+    entry = {"name": "m", "expected": "pass", "idle": ["Crashed"]}
+    verdicts = [
+        tlc_cli.judge(entry, _passing({"Assign": 3, "Crashed": 0})),
+        tlc_cli.judge(entry, _passing({"Assign": 1, "Crashed": 0})),
+    ]
+    assert tlc_cli.never_fired(verdicts) == ["Crashed"]
+    verdicts.append(tlc_cli.judge({"name": "n", "expected": "pass"}, _passing({"Crashed": 1})))
+    assert tlc_cli.never_fired(verdicts) == []
+
+
 def test_parse_output_reads_violation_counts_and_trace() -> None:
     facts = tlc.parse_output(TRANSCRIPT)
     assert facts["violated"] == "Small"
@@ -103,10 +165,7 @@ def test_gate_reports_a_broken_expectation_as_a_mismatch(
 
 def test_gate_reports_a_changed_state_count_as_a_mismatch() -> None:
     entry = {"name": "m", "expected": "pass", "distinct_states": 10}
-    result = tlc.TlcResult(
-        model="m", module="M.tla", config="m.cfg", passed=True, exit_code=0, violated=None,
-        distinct_states=11, states_generated=20, depth=3, seconds=1.0,
-    )
+    result = _passing({"Assign": 1})
     assert not tlc_cli.judge(entry, result).matches
     entry["distinct_states"] = 11
     assert tlc_cli.judge(entry, result).matches
@@ -120,8 +179,9 @@ def test_unknown_size_is_a_one_line_usage_error(capsys: pytest.CaptureFixture[st
 
 
 def test_small_gate_passes_with_expected_failures(capsys: pytest.CaptureFixture[str]) -> None:
-    """Every small model: the passing ones pass with the recorded state counts,
-    and the at-least-once duplicate and the mutants fail with their property."""
+    """Every small model: the passing ones pass with the recorded state counts
+    and every action firing, and the at-least-once duplicate and the mutants
+    fail with their property."""
     status = tlc_cli.main(["--config", "small", "--timeout", "300"])
     out = capsys.readouterr().out
     assert status == 0, out
@@ -129,6 +189,9 @@ def test_small_gate_passes_with_expected_failures(capsys: pytest.CaptureFixture[
         ("small_alo_duplicate", "NoDuplicateEffect"),
         ("small_mutant_commit_next", "NoLoss"),
         ("small_mutant_no_fence", "NoDuplicateEffect"),
+        ("small_mutant_no_epoch", "NoLoss"),
+        ("small_eos_forget_skip", "NoDuplicateEffect"),
+        ("small_liveness_unfair", "AllFinished"),
     ]:
         assert f"{name}: {prop} violated, as expected" in out
 

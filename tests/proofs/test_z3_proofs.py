@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import z3
 
+import proofs
 from htmqc.core.lifecycle import EDGES, Event, MessageState
-from proofs import run, tracker
+from proofs import differential, model, obligation, run, tracker
 from proofs.obligation import Obligation, Outcome, discharge
 
 pytestmark = pytest.mark.formal
@@ -77,11 +78,14 @@ def test_main_writes_report_and_passes(tmp_path: Path, monkeypatch: pytest.Monke
         return (o for o in everything() if o.name in chosen)
 
     monkeypatch.setattr(run, "all_obligations", subset)
+    monkeypatch.setattr(run, "DIFFERENTIAL", lambda: differential.check(differential.Domain(top=1)))
     monkeypatch.chdir(tmp_path)
     assert run.main() == 0
     data = json.loads((tmp_path / run.REPORT).read_text())
     assert data["ok"] is True
     assert data["failures"] == []
+    assert data["differential"]["disagreement"] is None
+    assert data["differential"]["states"] > 100
     assert [o["verdict"] for o in data["obligations"]] == ["PROVED", "COUNTEREXAMPLE"]
 
 
@@ -92,5 +96,37 @@ def test_main_fails_when_a_mutant_survives(
     survivor = Obligation("mutant:harmless", [x >= 0], x + 1 > 0, "not a bug", "COUNTEREXAMPLE")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(run, "all_obligations", lambda: iter([survivor]))
+    monkeypatch.setattr(run, "DIFFERENTIAL", lambda: differential.check(differential.Domain(top=1)))
     assert run.main() == 1
     assert "FAILED: mutant:harmless" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mutant,broken", tracker.MUTANTS, ids=lambda m: getattr(m, "name", ""))
+def test_a_mutant_breaks_the_invariant_it_is_there_for(
+    mutant: model.Transition, broken: str
+) -> None:
+    outcome = outcomes()[mutant.name]
+    assert outcome.verdict == "COUNTEREXAMPLE", outcome.line()
+    assert broken in outcome.model.split("; breaks ")[1].split(", "), outcome.line()
+
+
+def test_the_readme_lists_every_invariant_and_mutant() -> None:
+    readme = (Path(proofs.__file__).parent / "README.md").read_text()
+    for i in model.INVARIANTS:
+        assert f"| `{i.name}` | {i.group} | {i.doc} |" in readme, i.name
+    for mutant, broken in tracker.MUTANTS:
+        what = mutant.doc.removeprefix("MUTANT: ")
+        assert f"| `{mutant.name}` | {what} | `{broken.rstrip(chr(39))}` |" in readme, mutant.name
+
+
+def test_instantiated_premises_prove_only_what_follows() -> None:
+    # The fallback when model-based instantiation times out: universals become
+    # their instances at the problem's constants, an existential a fresh constant.
+    a, b = (z3.Array(n, z3.IntSort(), z3.BoolSort()) for n in "ab")
+    o, c = z3.Ints("o c")
+    implies = z3.ForAll([o], z3.Implies(a[o], b[o]))
+    follows = obligation._instantiated([implies, a[c]], z3.Not(b[c]))
+    assert z3.Solver().check(*follows) == z3.unsat
+    everywhere = z3.ForAll([o], b[o])
+    does_not = obligation._instantiated([implies, a[c]], z3.Not(everywhere))
+    assert z3.Solver().check(*does_not) == z3.sat

@@ -8,7 +8,7 @@ from collections import defaultdict
 from typing import Any
 
 import pytest
-from confluent_kafka import Message
+from confluent_kafka import KafkaError, Message
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -224,23 +224,14 @@ def test_trace_records_core_transitions(tmp_path: Any) -> None:
 
 
 class _ErrorMessage(FakeMessage):
-    """A consume result that is an error event, not a message."""
+    """A consume result that is an error event (``error``), not a message."""
 
-    def __init__(self, fatal: bool) -> None:
+    def __init__(self, error: KafkaError) -> None:
         super().__init__(TOPIC, 0, -1, None, b"")
-        self._fatal = fatal
+        self._error = error
 
     def error(self) -> Any:
-        fatal = self._fatal
-
-        class _Err:
-            def fatal(self) -> bool:
-                return fatal
-
-            def str(self) -> str:
-                return "broker went away"
-
-        return _Err()
+        return self._error
 
 
 @given(
@@ -271,9 +262,69 @@ def test_batches_are_grouped_by_partition_in_order(
 def test_consumer_errors_are_dropped_and_a_fatal_one_stops_the_run(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """A KafkaError in a batch is logged and dropped (it cannot be compared with
+    None); a fatal one stops the run, also in the form ``consume`` hands it out:
+    code ``_FATAL`` with ``fatal()`` false."""
     engine = engine_for(lambda m: None, FakeConsumer([]))
     ok = [FakeMessage(TOPIC, 0, i, None, b"v") for i in range(3)]
-    assert drop_errors([ok[0], _ErrorMessage(fatal=False), *ok[1:]]) == ok
+    transient = _ErrorMessage(KafkaError(KafkaError._TRANSPORT, "broker went away"))
+    assert drop_errors([ok[0], transient, *ok[1:]], engine.options) == ok
     assert "broker went away" in caplog.text
-    with pytest.raises(RuntimeFailure, match="broker went away"):
-        engine.dispatch([ok[0], _ErrorMessage(fatal=True)])
+    engine.dispatch([transient])  # nothing to run, nothing raised
+    for fatal in (
+        KafkaError(KafkaError._FATAL, "Fatal error: broker went away"),
+        KafkaError(KafkaError.FENCED_INSTANCE_ID, "broker went away", fatal=True),
+    ):
+        with pytest.raises(RuntimeFailure, match=r"Kafka consumer failed: .*broker went away"):
+            engine.dispatch([ok[0], _ErrorMessage(fatal)])
+
+
+def test_a_member_id_in_use_under_the_consumer_protocol_is_one_line() -> None:
+    engine = engine_for(lambda m: None, FakeConsumer([]), member_id="m-1")
+    text = (
+        "Fatal error: Broker: The instance ID is still used by another member in the "
+        "consumer group: ConsumerGroupHeartbeat fatal error"
+    )  # librdkafka 2.16's words for UNRELEASED_INSTANCE_ID
+    with pytest.raises(RuntimeFailure) as info:
+        engine.dispatch([_ErrorMessage(KafkaError(KafkaError._FATAL, text))])
+    assert info.value.line().startswith(
+        "--member-id 'm-1' is held by a live member of group 'g'; under --group-protocol "
+        "consumer the new member is fenced; give each live member its own --member-id"
+    )
+
+
+def test_a_broker_that_is_down_is_said_once_and_shown_until_messages_come(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 16, item 6: with the broker killed librdkafka repeated ``Connection
+    refused`` ~900 times and nothing showed it; now one line per error code per
+    30 s, ``/readyz`` and the state say it, and the first message clears it."""
+    engine = engine_for(lambda m: None, FakeConsumer([]))
+    with engine.lock:
+        engine.ownership.assigned.add((TOPIC, 0))
+    down = _ErrorMessage(KafkaError(KafkaError._TRANSPORT, "Connection refused"))
+    for _ in range(200):
+        engine.dispatch([down])
+    assert caplog.text.count("consumer error") == 1
+    assert engine.broker_down is not None
+    assert engine.ready() == (False, "the broker is unreachable")
+    extra = engine.state_source().state()["extra"]
+    assert extra["broker_down_s"] is not None
+    engine.dispatch([FakeMessage(TOPIC, 1, 0, None, b"v")])  # not held: not run
+    assert engine.broker_down is None and extra
+
+
+def test_librdkafka_lines_repeat_at_most_once_per_period(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import logging
+
+    from htmqc.runtime.launch import librdkafka_logger
+
+    logger = librdkafka_logger()
+    with caplog.at_level(logging.INFO, logger=logger.name):
+        for i in range(300):
+            logger.error("FAIL [thrd:127.0.0.1:%d]: Connection refused (after %dms)", 9000 + i, i)
+        logger.error("another line")
+    lines = [r.getMessage() for r in caplog.records if r.name == logger.name]
+    assert len(lines) == 2 and "Connection refused" in lines[0], lines

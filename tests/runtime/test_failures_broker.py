@@ -82,6 +82,7 @@ def test_tenfold_slowdown_stays_bounded_without_rebalance(
           f"peak in-flight bytes {last['peak_in_flight_bytes']}, peak RSS {peak_rss_mib:.1f} MiB")
 
 
+@pytest.mark.brokers("tansu", "kafka")
 def test_poison_messages_end_in_the_dlq_and_the_rest_exactly_once(
     broker: Broker, new_topic: Any, tmp_path: Path
 ) -> None:
@@ -112,6 +113,7 @@ def test_poison_messages_end_in_the_dlq_and_the_rest_exactly_once(
     print(f"poison: {len(poison)} of {count} dead-lettered, rest exactly once, {took:.1f} s")
 
 
+@pytest.mark.brokers("tansu", "kafka")
 def test_transient_sink_errors_are_retried_exactly_once(
     broker: Broker, new_topic: Any, tmp_path: Path
 ) -> None:

@@ -1,4 +1,8 @@
-"""``htmqc run`` delivery modes against the bundled broker, across crashes.
+"""``htmqc run`` delivery modes against a real broker, across crashes.
+
+They run on the bundled broker and on Apache Kafka (``[tansu]``/``[kafka]``, see
+tests/conftest.py); the ones that take ``group_protocol`` also under KIP-848's
+consumer protocol on Kafka (``[kafka-consumer]``).
 
 * exactly-once into PostgreSQL across a SIGKILL mid-transaction;
 * exactly-once Kafka->Kafka (``--sink kafka:OUT``) across a SIGKILL, and as a
@@ -30,10 +34,17 @@ from confluent_kafka import Consumer, TopicPartition
 
 from htmqc.broker import Broker
 from htmqc.produce import parse_id, produce
-from tests.runtime.test_run_broker import finish, htmqc_run, wait_for
+from tests.runtime.test_run_broker import (
+    effect_ids,
+    exactly_once_args,
+    finish,
+    htmqc_run,
+    stored,
+    wait_for,
+)
 from tests.services import postgres_url
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.brokers("tansu", "kafka")]
 
 HANDLERS = "tests.runtime.handlers"
 
@@ -174,7 +185,7 @@ def kill(proc: Any) -> None:
 
 
 def test_exactly_once_into_postgresql_across_sigkill(
-    broker: Broker, new_topic: Any, pg: PgTables, tmp_path: Path
+    broker: Broker, new_topic: Any, pg: PgTables, tmp_path: Path, group_protocol: str
 ) -> None:
     topic, n = new_topic(partitions=4), 6000
     produce(broker.bootstrap, topic, n, keys=100)
@@ -189,6 +200,8 @@ def test_exactly_once_into_postgresql_across_sigkill(
         pg.sink,
         "--txn-messages",
         "300",
+        "--group-protocol",
+        group_protocol,
     ]
     env = {"HTMQC_TEST_TABLE": pg.effects}
     first = htmqc_run(broker.bootstrap, topic, *args, env=env, log=log)
@@ -243,7 +256,9 @@ def kafka_sigkill_scenario(
         "HTMQC_TEST_STALL_AT": "1000",
         "HTMQC_TEST_STALL_NTH": str(stall_nth),
     }
-    args = [*kafka_args(out, group, "--txn-messages", "300", *extra)]
+    # Transactions of 300 messages: the time bound must not end them first (the
+    # handler runs off the poll thread, so a transaction ends on its own clock).
+    args = [*kafka_args(out, group, "--txn-messages", "300", "--txn-ms", "60000", *extra)]
     args[0] = f"{HANDLERS}:stalling_forward"
     first = htmqc_run(bootstrap, topic, *args, env=env, log=log)
     try:
@@ -263,17 +278,22 @@ def kafka_sigkill_scenario(
 
 
 def test_exactly_once_kafka_to_kafka_across_sigkill(
-    broker: Broker, new_topic: Any, tmp_path: Path
+    broker: Broker, new_topic: Any, tmp_path: Path, group_protocol: str
 ) -> None:
     """Killed at the first message of a transaction: its work so far is lost
     with the process and redone by the successor; nothing of that transaction
-    had reached the broker (see the strict xfail below for the other case)."""
-    kafka_sigkill_scenario(broker.bootstrap, new_topic, tmp_path, stall_nth=0)
+    had reached the broker (see the test below for the other case)."""
+    kafka_sigkill_scenario(
+        broker.bootstrap,
+        new_topic,
+        tmp_path,
+        stall_nth=0,
+        extra=("--group-protocol", group_protocol),
+    )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Tansu 0.6 never ends a transaction whose producer died (no "
+@pytest.mark.tansu_deviation(
+    "Tansu 0.6 never ends a transaction whose producer died (no "
     "transaction.timeout.ms): with its records on the output partitions, the "
     "successor's transactions (another transactional.id) commit without error but "
     "neither their output nor their offsets ever become visible; Kafka aborts the "
@@ -294,12 +314,12 @@ def test_kafka_to_kafka_sigkill_with_an_open_transaction_on_the_broker(
 
 
 def test_exactly_once_kafka_to_kafka_as_a_consumer_joins_and_leaves(
-    broker: Broker, new_topic: Any, tmp_path: Path
+    broker: Broker, new_topic: Any, tmp_path: Path, group_protocol: str
 ) -> None:
     topic, out, n = new_topic(partitions=4), new_topic(partitions=4, prefix="out"), 12000
     produce(broker.bootstrap, topic, n, keys=100)
     group, log = f"g-krb-{uuid.uuid4().hex[:6]}", tmp_path / "run.log"
-    args = kafka_args(out, group, "--txn-messages", "100")
+    args = kafka_args(out, group, "--txn-messages", "100", "--group-protocol", group_protocol)
     a = htmqc_run(broker.bootstrap, topic, *args, log=log)
     b = None
     try:
@@ -389,9 +409,8 @@ def test_at_least_once_across_sigkill_loses_nothing(
     assert group_committed(broker.bootstrap, group, topic, 4) == n
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Tansu 0.6 serves an aborted transaction's records to read_committed "
+@pytest.mark.tansu_deviation(
+    "Tansu 0.6 serves an aborted transaction's records to read_committed "
     "readers: the dead transaction is fenced and aborted at once (all the successor's "
     "output is visible, unlike the case above), but its aborted records show up too; "
     "Kafka hides them",
@@ -409,3 +428,47 @@ def test_kafka_to_kafka_sigkill_with_a_stable_member_id_fences_the_dead_transact
         stall_nth=250,
         extra=("--member-id", f"m-{uuid.uuid4().hex[:6]}"),
     )
+
+
+# -- KIP-848: --member-id under the consumer group protocol ---------------------------------
+
+
+@pytest.mark.brokers("kafka")
+def test_consumer_protocol_fences_a_new_member_with_a_member_id_in_use(
+    broker: Broker, new_topic: Any, tmp_path: Path
+) -> None:
+    """Under ``--group-protocol consumer`` a ``group.instance.id`` held by a live
+    member fences the *new* member (the classic protocol fences the old one): the
+    newcomer stops with one line and exit code 1, and the live member goes on to
+    store every effect once."""
+    topic, n = new_topic(partitions=4), 8000
+    produce(broker.bootstrap, topic, n, keys=100)
+    db, group, member = tmp_path / "eo.db", f"g-848-{uuid.uuid4().hex[:6]}", "m-1"
+    args = [
+        f"{HANDLERS}:slow_record",
+        *exactly_once_args(db, group, "--txn-messages", "300"),
+        "--group-protocol",
+        "consumer",
+        "--member-id",
+        member,
+    ]
+    live_log, new_log = tmp_path / "live.log", tmp_path / "new.log"
+    live = htmqc_run(broker.bootstrap, topic, *args, "--idle-exit", "2", log=live_log)
+    try:
+        wait_for(lambda: stored(db) >= 500, 60, "the live member's first transactions")
+        newcomer = htmqc_run(broker.bootstrap, topic, *args, log=new_log)
+        assert finish(newcomer, 60) == 1, new_log.read_text()[-2000:]
+        assert finish(live, 120) == 0, live_log.read_text()[-2000:]
+    finally:
+        if live.poll() is None:
+            kill(live)
+    [line] = [x for x in new_log.read_text().splitlines() if x.startswith("htmqc: error:")]
+    assert line == (
+        f"htmqc: error: --member-id '{member}' is held by a live member of group '{group}'; "
+        "under --group-protocol consumer the new member is fenced; give each live member its "
+        "own --member-id; after a crash, start again once the broker's "
+        "group.consumer.session.timeout.ms (45 s by default) has passed"
+    )
+    assert "Traceback" not in new_log.read_text()
+    ids = effect_ids(db)
+    assert sorted(ids) == list(range(n)), "lost or duplicated effects"

@@ -89,6 +89,7 @@ def exactly_once_args(db: Path, group: str, *extra: str) -> list[str]:
     return ["--group", group, "--mode", "exactly-once", "--sink", f"sqlite:///{db}", *extra]
 
 
+@pytest.mark.brokers("tansu", "kafka")
 def test_exactly_once_across_sigkill(broker: Broker, new_topic: Any, tmp_path: Path) -> None:
     topic = new_topic(partitions=4)
     produce(broker.bootstrap, topic, 8000, keys=100)
@@ -110,6 +111,7 @@ def test_exactly_once_across_sigkill(broker: Broker, new_topic: Any, tmp_path: P
     assert stored(db) == 8000
 
 
+@pytest.mark.brokers("tansu", "kafka")
 def test_offset_gaps_from_aborted_transactions(
     broker: Broker, new_topic: Any, tmp_path: Path
 ) -> None:
@@ -187,6 +189,7 @@ def test_per_key_order_with_parallel_workers_at_least_once(
         consumer.close()
 
 
+@pytest.mark.brokers("tansu", "kafka")
 def test_rebalance_second_consumer_joins_and_leaves_exactly_once(
     broker: Broker, new_topic: Any, tmp_path: Path
 ) -> None:

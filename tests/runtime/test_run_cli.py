@@ -114,6 +114,22 @@ def test_precedence_cli_over_env_over_toml(tmp_path: Path) -> None:
         resolve({"bootstrap": "b", "group": "g"}, {}, environ={})
 
 
+def test_group_protocol_option(capsys: pytest.CaptureFixture[str]) -> None:
+    required = {"bootstrap": "b:1", "group": "g", "topic": "t"}
+    assert resolve(required, {}, environ={}).group_protocol == "classic"
+    env = {"HTMQC_GROUP_PROTOCOL": "consumer"}
+    assert resolve(required, {}, environ=env).group_protocol == "consumer"
+    with pytest.raises(UsageError) as info:
+        resolve(required, {}, environ={"HTMQC_GROUP_PROTOCOL": "cooperative"})
+    assert info.value.line() == (
+        "--group-protocol 'cooperative' is unknown; use one of: classic, consumer"
+    )
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "examples.printer:show", *BASE, "--group-protocol", "eager"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'eager'" in capsys.readouterr().err
+
+
 @pytest.mark.broker
 def test_missing_topic_then_create_topic(
     capsys: pytest.CaptureFixture[str], broker: Broker, tmp_path: Path

@@ -64,10 +64,18 @@ def test_a_locked_sqlite_file_is_waited_out_and_nothing_is_lost_or_doubled(
         other.execute("COMMIT")
         other.close()
 
+    started = threading.Event()
+
     def handler(msg: Any, tx: Any) -> None:
         ident = int(msg.value())
+        if started.is_set() and not locked.is_set():
+            # Before the write: a transaction that has just been committed leaves
+            # the lock free long enough for the other connection to take it, even
+            # on a loaded machine (else the run might finish first).
+            time.sleep(0.002)
         tx.execute("INSERT INTO fx (id) VALUES (?)", (ident,))
-        if ident == 1000 and not locked.is_set():
+        if ident == 1000 and not started.is_set():
+            started.set()
             threading.Thread(target=lock_for_a_while, daemon=True).start()
         time.sleep(0.0002)
 

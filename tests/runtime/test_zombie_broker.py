@@ -28,7 +28,7 @@ from htmqc.produce import produce
 from tests.runtime.test_modes_broker import PgTables, kill, pg_tables
 from tests.runtime.test_run_broker import finish, htmqc_run, wait_for
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.brokers("tansu", "kafka")]
 
 
 @pytest.fixture

@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
+from confluent_kafka.admin import AdminClient
 
 from htmqc.broker import Broker
 from htmqc.core import Commit, TopicPartition
 from htmqc.errors import RuntimeFailure
+from htmqc.kafka_defaults import consumer_config, producer_config
 from htmqc.sinks import Fenced, Position, Sink, SinkStateError, open_sink
 from htmqc.sinks.kafka import KafkaSink
+from htmqc.sinks.kafka_positions import DEFAULT_POSITIONS_TOPIC
 
 from .kafka_support import group_consumer, make_topics, produce_plain, read_all
 
-pytestmark = pytest.mark.broker
+pytestmark = [pytest.mark.broker, pytest.mark.brokers("tansu", "kafka")]
 
 
 class Setup:
@@ -59,6 +65,7 @@ def commit_of(tp: TopicPartition, offset: int, finished_above: tuple[int, ...] =
     return Commit(tp=tp, epoch=1, offset=offset, finished_above=finished_above)
 
 
+@pytest.mark.brokers("tansu", "kafka", "kafka3")  # kafka3: min.insync.replicas=2
 def test_output_visible_to_read_committed_only_after_commit(setup: Setup) -> None:
     sink = setup.sink()
     assert isinstance(sink, Sink)
@@ -74,9 +81,67 @@ def test_output_visible_to_read_committed_only_after_commit(setup: Setup) -> Non
     txn.commit([(commit_of(setup.tp, 3, (5, 6)), pos.fence)])
     assert read_all(setup.bootstrap, setup.out, committed_only=True) == [b"out0", b"out1", b"out2"]
     offset, metadata = setup.committed()
-    assert offset == 3 and metadata in {"htmqc1:2:2", ""}  # Tansu 0.6 drops commit metadata
+    # Tansu 0.6 drops commit metadata (test_commit_metadata_comes_back); the
+    # positions topic holds finished_above on any broker
+    assert offset == 3 and metadata in {"htmqc1:2:2", ""}
     again = setup.sink("m2").claim([setup.tp], default_start=lambda tp: pytest.fail("unused"))
     assert again[setup.tp].committed == 3 and again[setup.tp].finished_above == (5, 6)
+    # the positions topic is replicated like any topic of the cluster (3 on kafka3)
+    meta = AdminClient({"bootstrap.servers": setup.bootstrap}).list_topics(timeout=10)
+    [positions] = meta.topics[DEFAULT_POSITIONS_TOPIC].partitions.values()
+    assert len(positions.replicas) == min(3, len(meta.brokers))
+
+
+@pytest.mark.tansu_deviation(
+    "Tansu 0.6 drops the metadata of offsets committed in a transaction (htmqc "
+    "keeps finished_above in its positions topic too); Kafka returns it"
+)
+def test_commit_metadata_comes_back(setup: Setup) -> None:
+    sink = setup.sink()
+    fence = sink.claim([setup.tp], default_start=lambda tp: 0)[setup.tp].fence
+    txn = sink.begin()
+    with txn.message():
+        txn.handle.send(None, b"out")
+    txn.commit([(commit_of(setup.tp, 3, (5, 6)), fence)])
+    assert setup.committed() == (3, "htmqc1:2:2")
+
+
+@pytest.mark.tansu_deviation(
+    "Tansu 0.6 accepts offsets sent to a transaction with an outdated group "
+    "generation; Kafka rejects them (ILLEGAL_GENERATION), the group-level fence "
+    "of KIP-447"
+)
+def test_offsets_of_an_outdated_generation_are_rejected(broker: Broker) -> None:
+    names = make_topics(broker.bootstrap, {"in": 2})
+    topic, group = names["in"], f"g-{uuid.uuid4().hex[:8]}"
+    produce_plain(broker.bootstrap, topic, [b"m"])
+    first = Consumer(consumer_config(broker.bootstrap, group))
+    second = Consumer(consumer_config(broker.bootstrap, group))
+    producer = Producer(producer_config(broker.bootstrap, transactional_id=group))
+    try:
+        first.subscribe([topic])
+        wait_assigned([first], lambda: len(first.assignment()) == 2)
+        stale = first.consumer_group_metadata()
+        second.subscribe([topic])  # a rebalance: the group's generation moves on
+        wait_assigned([first, second], lambda: len(second.assignment()) == 1)
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        producer.produce(topic, b"out")
+        with pytest.raises(KafkaException) as info:
+            producer.send_offsets_to_transaction([KafkaTopicPartition(topic, 0, 1)], stale, 30)
+        assert info.value.args[0].code() == KafkaError.ILLEGAL_GENERATION
+        producer.abort_transaction(30)
+    finally:
+        first.close()
+        second.close()
+
+
+def wait_assigned(consumers: list[Any], done: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 30
+    while not done():
+        assert time.monotonic() < deadline, "the group did not settle"
+        for consumer in consumers:
+            consumer.poll(0.1)
 
 
 def test_finished_above_of_an_older_commit_does_not_come_back(setup: Setup) -> None:
@@ -150,9 +215,8 @@ def test_zombie_producer_is_fenced(setup: Setup) -> None:
     assert b"successor" in read_all(setup.bootstrap, setup.out, committed_only=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Tansu 0.6 does not abort a fenced producer's open transaction: its records "
+@pytest.mark.tansu_deviation(
+    "Tansu 0.6 does not abort a fenced producer's open transaction: its records "
     "become visible with the successor's commit (same transactional.id); Kafka aborts them",
 )
 def test_fenced_producer_output_stays_invisible(setup: Setup) -> None:
@@ -185,3 +249,36 @@ def test_unreachable_broker_is_a_one_line_failure() -> None:
     with pytest.raises(RuntimeFailure, match=r"127\.0\.0\.1:1") as info:
         sink.open("g")
     assert "\n" not in info.value.line()
+
+
+class _MovingCoordinator:
+    """A bound consumer whose ``committed`` first fails ``failures`` times with ``code``."""
+
+    def __init__(self, code: int, failures: int) -> None:
+        self.code, self.failures, self.calls = code, failures, 0
+
+    def committed(self, parts: list[KafkaTopicPartition], timeout: float) -> list[Any]:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise KafkaException(KafkaError(self.code, "coordinator moved"))
+        return [KafkaTopicPartition(p.topic, p.partition, -1001) for p in parts]
+
+
+def test_claim_waits_out_a_moving_group_coordinator() -> None:
+    """A coordinator that moves or loads (a broker restart, a new offsets-topic
+    leader: seen on the three-node cluster) is asked again until the timeout;
+    any other error, or one that outlasts the timeout, is a one-line failure."""
+    sink = KafkaSink("out", bootstrap="127.0.0.1:1", timeout=2)
+    moving = _MovingCoordinator(KafkaError.NOT_COORDINATOR, failures=3)
+    sink.bind(moving)
+    assert sink.claim([("in", 0)], default_start=lambda tp: 7)[("in", 0)].committed == 7
+    assert moving.calls == 4
+    for consumer in (
+        _MovingCoordinator(KafkaError.COORDINATOR_LOAD_IN_PROGRESS, failures=1000),
+        _MovingCoordinator(KafkaError.GROUP_AUTHORIZATION_FAILED, failures=1),
+    ):
+        sink.bind(consumer)
+        with pytest.raises(RuntimeFailure, match="reading the committed offsets") as info:
+            sink.claim([("in", 0)], default_start=lambda tp: 0)
+        assert "\n" not in info.value.line()
+    assert consumer.calls == 1

@@ -84,6 +84,7 @@ def test_restart_from_checkpoint_stores_every_id_once(
         assert report.totals["effects"] == 350
 
 
+@pytest.mark.brokers("tansu", "kafka")
 def test_aborted_transactions_are_never_read(
     spark: Any, broker: Any, new_topic: Callable[..., str], tmp_path: Path
 ) -> None:

@@ -1,12 +1,17 @@
-"""The conformance vectors: the core passes every one, and they are up to date."""
+"""The conformance vectors: the core passes every one, they are up to date, they
+exercise the whole API, and the replay compares everything a step says."""
 
 from __future__ import annotations
 
 import copy
+import math
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from htmqc.core import ConsumerCore
 from spec.conformance import generate, replay
 
 FILES = replay.vector_files()
@@ -47,6 +52,89 @@ def test_replay_detects_a_wrong_expected_state() -> None:
     problems = list(replay.mismatches(vector))
     assert len(problems) == 1
     assert "state" in problems[0]
+
+
+def test_every_vector_says_in_one_line_what_it_pins() -> None:
+    for path in FILES:
+        description = replay.load(path)["description"]
+        assert description and "\n" not in description, path.stem
+
+
+def test_the_vectors_exercise_every_event_of_the_api() -> None:
+    views = {"partitions", "tracker", "epoch", "snapshot", "commits"}
+    api = {name for name in dir(ConsumerCore) if not name.startswith("_")} - views
+    ops = {step["op"] for path in FILES for step in replay.load(path)["steps"]}
+    assert ops == api
+
+
+def _first_step(name: str, decision: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    vector = copy.deepcopy(replay.load(replay.VECTORS / f"{name}.json"))
+    step = next(
+        s for s in vector["steps"] if isinstance(s.get("result"), dict)
+        and s["result"]["type"] == decision
+    )
+    return vector, step
+
+
+@pytest.mark.parametrize(
+    ("name", "decision", "field", "change"),
+    [
+        ("finished_above_contents", "Commit", "finished_above", lambda v: v[:-1]),
+        ("finished_above_contents", "Commit", "epoch", lambda v: v + 1),
+        ("finished_above_contents", "Commit", "tp", lambda v: v + "0"),
+        ("backoff_and_jitter", "RetryAt", "at", lambda v: math.nextafter(v, math.inf)),
+        ("backoff_and_jitter", "RetryAt", "attempt", lambda v: v + 1),
+        ("retries_max_1", "DeadLetter", "attempts", lambda v: v + 1),
+        ("retries_max_1", "DeadLetter", "kind", lambda v: {"failed": "permanent"}.get(v, "failed")),
+    ],
+)
+def test_replay_compares_every_field_of_a_decision(
+    name: str, decision: str, field: str, change: Any
+) -> None:
+    vector, step = _first_step(name, decision)
+    step["result"][field] = change(step["result"][field])
+    problems = list(replay.mismatches(vector))
+    assert len(problems) == 1
+    assert f"expected {step['result']!r}" in problems[0]
+
+
+def test_replay_refuses_another_format() -> None:
+    vector = copy.deepcopy(replay.load(FILES[0]))
+    vector["format"] = 1
+    assert list(replay.mismatches(vector)) == [f"{vector['name']}: format 1; this replay reads 2"]
+
+
+def test_main_prints_one_line_per_vector(capsys: pytest.CaptureFixture[str]) -> None:
+    assert replay.main([]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(FILES) + 1
+    assert lines[-1] == f"{len(FILES)} vectors conform"
+
+
+def test_main_stops_at_the_first_difference(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("a_wrong", "b_wrong", "c_right"):
+        shutil.copy(replay.VECTORS / "happy_path.json", tmp_path / f"{name}.json")
+    for name in ("a_wrong", "b_wrong"):
+        vector = replay.load(tmp_path / f"{name}.json")
+        vector["steps"][0]["result"] = 7
+        (tmp_path / f"{name}.json").write_text(generate.dumps(vector))
+    assert replay.main([str(tmp_path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith("FAIL  a_wrong: ")
+    assert replay.main(["--keep-going", str(tmp_path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in out] == ["FAIL", "FAIL", "ok", "2"]
+
+
+def test_main_names_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert replay.main([str(tmp_path / "missing.json")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    (tmp_path / "broken.json").write_text("{")
+    assert replay.main([str(tmp_path / "broken.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "broken.json is not a JSON vector" in err
 
 
 def test_replay_detects_a_wrong_answer_and_a_missing_error() -> None:

@@ -2,9 +2,10 @@
 
 :func:`run_chaos` does, in order:
 
-1. start the proxy (:class:`~htmqc.chaos.proxy.ChaosProxy`) and a dedicated Tansu
-   that listens on a private port and advertises the proxy's
-   (:func:`start_proxied_broker`), so every client connection passes the proxy;
+1. start the proxy (:class:`~htmqc.chaos.proxy.ChaosProxy`) and a dedicated broker
+   (Tansu, or with ``broker="kafka"`` one Apache Kafka node) that listens on a
+   private port and advertises the proxy's (:func:`start_proxied_broker`), so
+   every client connection passes the proxy;
 2. create the topic with ``partitions`` partitions and the run's tables
    (:class:`~htmqc.chaos.store.RunStore`, its own prefix);
 3. start ``consumers`` processes ``htmqc run htmqc.chaos.handler:record --mode
@@ -73,6 +74,7 @@ from htmqc.chaos.schedule import (
 )
 from htmqc.chaos.store import ClaimCheck, RunStore
 from htmqc.errors import RuntimeFailure, UsageError
+from htmqc.kafka_cluster import KafkaCluster, start_kafka
 from htmqc.kafka_defaults import LOCAL_BROKER_CONSUMER
 from htmqc.produce import produce
 from htmqc.progress import progress
@@ -112,6 +114,8 @@ class ChaosConfig:
     keep_tables: bool = False
     unsafe_disable_fence: bool = False
     progress: bool = True
+    broker: str = "tansu"
+    """``tansu`` (the bundled broker) or ``kafka`` (:mod:`htmqc.kafka_cluster`)."""
     log: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr))
 
     def check(self) -> None:
@@ -128,6 +132,8 @@ class ChaosConfig:
                 "the zombie fault needs PostgreSQL: a stopped SQLite writer holds the file lock",
                 "use --db postgresql, or --kinds without zombie",
             )
+        if self.broker not in BROKERS:
+            raise UsageError(f"unknown --broker {self.broker!r}", "use tansu or kafka")
         if self.timeout <= 0 or self.produce_seconds < 0:
             raise UsageError("--timeout must be positive", "pass seconds > 0")
 
@@ -245,12 +251,42 @@ class ChaosResult:
         return "\n".join(lines)
 
 
-def start_proxied_broker(work: Path) -> tuple[Broker, ChaosProxy]:
-    """A proxy and a dedicated Tansu that advertises the proxy's address.
+#: ``ChaosConfig.broker`` values.
+BROKERS = ("tansu", "kafka")
 
-    ``Broker.bootstrap`` is the proxy's address; ``Broker.backend_port`` the
-    broker's own (used only to check it is ready).
+
+@dataclass
+class ProxiedKafka:
+    """One Apache Kafka node behind the proxy, stopped like a Tansu :class:`Broker`.
+
+    Clients get the proxy's address from metadata; the node's own replication
+    and controller listeners are not proxied. Its logs stay in the run's work
+    directory (``keep_log``).
     """
+
+    cluster: KafkaCluster
+    keep_log: bool = True
+
+    @property
+    def bootstrap(self) -> str:
+        """The proxy's address, which the node advertises."""
+        return self.cluster.bootstrap
+
+    def stop(self) -> None:
+        self.cluster.keep_logs = self.keep_log
+        self.cluster.close()
+
+
+def start_proxied_broker(
+    work: Path, kind: str = "tansu"
+) -> tuple[Broker | ProxiedKafka, ChaosProxy]:
+    """A proxy and a dedicated broker (``kind``) that advertises the proxy's address.
+
+    ``bootstrap`` is the proxy's address. Tansu's ``Broker.backend_port`` is
+    the broker's own (used only to check it is ready).
+    """
+    if kind == "kafka":
+        return _start_proxied_kafka(work)
     backend = free_port()
     proxy = ChaosProxy(("127.0.0.1", backend)).start()
     try:
@@ -273,6 +309,19 @@ def start_proxied_broker(work: Path) -> tuple[Broker, ChaosProxy]:
             f"see {work / 'broker.log'}",
         )
     return broker, proxy
+
+
+def _start_proxied_kafka(work: Path) -> tuple[ProxiedKafka, ChaosProxy]:
+    backend = free_port()
+    proxy = ChaosProxy(("127.0.0.1", backend)).start()
+    try:
+        cluster = start_kafka(
+            1, ports=[backend], advertised_ports={1: proxy.port}, work_dir=work / "kafka"
+        )
+    except BaseException:
+        proxy.stop()
+        raise
+    return ProxiedKafka(cluster), proxy
 
 
 class _Member:
@@ -591,7 +640,7 @@ def _run(config: ChaosConfig, schedule: list[Fault], store: RunStore, work: Path
     log = config.log
     control = work / "control.json"
     started = time.monotonic()
-    broker, proxy = start_proxied_broker(work)
+    broker, proxy = start_proxied_broker(work, config.broker)
     broker.keep_log = True  # it is in the work directory, beside the consumers' logs
     members: list[_Member] = []
     history = _History()

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from htmqc.chaos.harness import ChaosConfig, run_chaos
+from htmqc.chaos.harness import BROKERS, ChaosConfig, run_chaos
 from htmqc.chaos.schedule import KINDS, parse_kinds
 from htmqc.errors import UsageError
 
@@ -65,6 +65,12 @@ def register(subparsers: Any) -> None:
         "--timeout", type=float, default=defaults.timeout, help="give up after SECONDS"
     )
     parser.add_argument("--work-dir", help="logs and control file here (default: a temp dir)")
+    parser.add_argument(
+        "--broker",
+        choices=BROKERS,
+        default=defaults.broker,
+        help="the bundled broker (tansu, default) or one Apache Kafka node (kafka)",
+    )
     parser.add_argument("--keep-tables", action="store_true", help="keep the run's database tables")
     parser.add_argument(
         "--unsafe-disable-fence",
@@ -101,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
         keep_tables=args.keep_tables,
         unsafe_disable_fence=args.unsafe_disable_fence,
         progress=True,
+        broker=args.broker,
     )
     report_path = Path(args.report) if args.report else None
     if report_path is not None and not report_path.parent.is_dir():

@@ -13,7 +13,7 @@ from typing import Any
 
 from htmqc.config import parse_pairs, redacted, resolve
 from htmqc.logs import setup as setup_logging
-from htmqc.runtime.options import FLOWS, LOG_FORMATS, MODES
+from htmqc.runtime.options import FLOWS, GROUP_PROTOCOLS, LOG_FORMATS, MODES
 
 
 def register(subparsers: Any) -> None:
@@ -50,6 +50,11 @@ def register(subparsers: Any) -> None:
         "--member-id",
         help="stable name of this member (transactional id, static membership); unique per "
         "live member",
+    )
+    p.add_argument(
+        "--group-protocol",
+        choices=GROUP_PROTOCOLS,
+        help="consumer-group protocol: classic (default) or consumer (KIP-848, Kafka 4+)",
     )
     p.add_argument("--max-messages", type=int, help="stop after N messages finished")
     p.add_argument(

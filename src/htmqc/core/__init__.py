@@ -2,14 +2,27 @@
 
 No I/O, no clock, no threads: events come in as arguments and decisions go out
 as values. See :mod:`htmqc.core.lifecycle` (the transition table),
-:mod:`htmqc.core.partition` (the offset tracker) and
-:mod:`htmqc.core.consumer` (the consumer-level core the runtime drives).
+:mod:`htmqc.core.partition` (the offset tracker), :mod:`htmqc.core.consumer`
+(the consumer-level core the runtime drives), :mod:`htmqc.core.failures` (what
+becomes of a failed message), :mod:`htmqc.core.gate` (which partitions may
+fetch) and :mod:`htmqc.core.breaker` (the circuit breaker).
 """
 
+from htmqc.core.breaker import Breaker, BreakerPolicy, BreakerState
 from htmqc.core.consumer import ConsumerCore
 from htmqc.core.contracts import ENABLED as CONTRACTS_ENABLED
-from htmqc.core.decisions import Commit, DeadLetter, Decision, RetryAt, TopicPartition
+from htmqc.core.decisions import (
+    Commit,
+    DeadLetter,
+    DeadLetterKind,
+    Decision,
+    HandOff,
+    RetryAt,
+    TopicPartition,
+)
 from htmqc.core.errors import CoreError, IllegalTransition, NotAssigned, OffsetOrderError
+from htmqc.core.failures import Failure, RetryTopic
+from htmqc.core.gate import Gate, GateState, Hold
 from htmqc.core.lifecycle import EDGES, FINISHED, TRANSITIONS, Event, MessageState
 from htmqc.core.partition import PartitionTracker, tracker_invariant
 from htmqc.core.retry import FailureKind, Permanent, Retryable, RetryPolicy, classify
@@ -19,13 +32,22 @@ __all__ = [
     "EDGES",
     "FINISHED",
     "TRANSITIONS",
+    "Breaker",
+    "BreakerPolicy",
+    "BreakerState",
     "Commit",
     "ConsumerCore",
     "CoreError",
     "DeadLetter",
+    "DeadLetterKind",
     "Decision",
     "Event",
+    "Failure",
     "FailureKind",
+    "Gate",
+    "GateState",
+    "HandOff",
+    "Hold",
     "IllegalTransition",
     "MessageState",
     "NotAssigned",
@@ -34,6 +56,7 @@ __all__ = [
     "Permanent",
     "RetryAt",
     "RetryPolicy",
+    "RetryTopic",
     "Retryable",
     "TopicPartition",
     "classify",

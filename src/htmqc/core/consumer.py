@@ -13,8 +13,9 @@ event                  answer
 ``fetched``            the offsets to run (Pending)
 ``started``            -
 ``succeeded``          -
-``failed``             :class:`RetryAt` or :class:`DeadLetter`
+``failed``             :class:`RetryAt`, :class:`HandOff` or :class:`DeadLetter`
 ``retry_due``          - (the message runs again)
+``handed_off``         -
 ``dead_lettered``      -
 ``commit_requested``   :class:`Commit` or ``None``
 ``commit_acked``       whether ``committed`` moved
@@ -41,9 +42,10 @@ from typing import Any
 import icontract
 
 from htmqc.core.contracts import ENABLED, capture_old
-from htmqc.core.decisions import Commit, DeadLetter, RetryAt, TopicPartition
+from htmqc.core.decisions import Commit, DeadLetter, HandOff, RetryAt, TopicPartition
 from htmqc.core.errors import IllegalTransition, NotAssigned, OffsetOrderError
-from htmqc.core.lifecycle import Event
+from htmqc.core.failures import Failure, RetryTopic, decide
+from htmqc.core.lifecycle import Event, MessageState
 from htmqc.core.partition import PartitionTracker
 from htmqc.core.retry import FailureKind, RetryPolicy
 
@@ -53,8 +55,12 @@ _NOTHING: tuple[int, ...] = ()
 class ConsumerCore:
     """The pure state of one consumer-group member (see module docs)."""
 
-    def __init__(self, retry: RetryPolicy | None = None) -> None:
+    def __init__(
+        self, retry: RetryPolicy | None = None, *, retry_topic: RetryTopic | None = None
+    ) -> None:
         self.retry = retry if retry is not None else RetryPolicy()
+        #: Where long backoffs wait (``--retry-topic``), or ``None``.
+        self.retry_topic = retry_topic
         self._parts: dict[TopicPartition, PartitionTracker] = {}
         self._epochs: dict[TopicPartition, int] = {}
         self._last_epoch = 0
@@ -72,7 +78,7 @@ class ConsumerCore:
     ) -> int:
         """Take ``tp``, starting at its durable position ``committed``; return the epoch.
 
-        ``finished_above``: offsets above ``committed`` whose effects the sink
+        ``finished_above``: offsets at or above ``committed`` whose effects the sink
         already holds (from an earlier :class:`Commit`); they will not run again.
         Assigning a partition that is already held is an :class:`IllegalTransition`.
 
@@ -152,6 +158,11 @@ class ConsumerCore:
             for tp, t in sorted(self._parts.items())
         }
 
+    @icontract.ensure(
+        lambda self, tp, epoch, result: (result is None) == (self._epochs.get(tp) != epoch),
+        "an event reaches a tracker exactly when its epoch is the partition's current one",
+        enabled=ENABLED,
+    )
     def _current(self, tp: TopicPartition, epoch: int) -> PartitionTracker | None:
         if self._epochs.get(tp) != epoch:
             return None
@@ -240,11 +251,20 @@ class ConsumerCore:
         """
         return self._events(Event.DEAD_LETTER, tp, epoch, offsets)
 
+    def handed_off(self, tp: TopicPartition, epoch: int, offset: int) -> bool:
+        """Failed -> HandedOff (finished): the message is on the retry topic.
+
+        :raises IllegalTransition: an offset is not in the event's source state.
+        """
+        return self._event(Event.HAND_OFF, tp, epoch, offset)
+
     @icontract.require(lambda jitter: 0.0 <= jitter <= 1.0, enabled=ENABLED)
+    @icontract.require(lambda held_for: held_for is None or held_for >= 0.0, enabled=ENABLED)
     @icontract.ensure(
-        lambda self, now, result: not isinstance(result, RetryAt)
-        or now <= result.at <= now + self.retry.max_delay,
-        "a retry is scheduled within the backoff cap",
+        lambda self, tp, offset, result: result is None
+        or (self.tracker(tp).state_of(offset) is MessageState.RETRYING)
+        == isinstance(result, RetryAt),
+        "a retried message is Retrying; any other stays Failed until reported",
         enabled=ENABLED,
     )
     def failed(
@@ -252,38 +272,57 @@ class ConsumerCore:
         tp: TopicPartition,
         epoch: int,
         offset: int,
-        kind: FailureKind,
+        failure: Failure | FailureKind,
         now: float,
         jitter: float,
-    ) -> RetryAt | DeadLetter | None:
-        """Processing -> Failed, then the retry policy decides.
+        *,
+        held_for: float | None = None,
+    ) -> RetryAt | HandOff | DeadLetter | None:
+        """Processing -> Failed, then :func:`~htmqc.core.failures.decide` says what next.
 
-        Retry: Failed -> Retrying and :class:`RetryAt` at ``now`` + backoff (``jitter``
-        in ``[0, 1]`` is the caller's random draw). Otherwise the message stays Failed
-        and :class:`DeadLetter` asks the runtime to write it to the DLQ and report
-        :meth:`dead_lettered`. ``None`` if late.
+        ``failure``: what the runtime knows (a bare :class:`FailureKind` stands for
+        ``Failure(kind=...)``). ``jitter`` in ``[0, 1]`` is the caller's random draw;
+        ``held_for``: ``None``, or the seconds the circuit breaker stays open.
+        :class:`RetryAt`: the message is now Retrying, due at ``at``.
+        :class:`HandOff` / :class:`DeadLetter`: it stays Failed until the runtime
+        reports :meth:`handed_off` / :meth:`dead_lettered`. ``None`` if late.
 
         :raises IllegalTransition: ``offset`` is not Processing.
         """
         tracker = self._current(tp, epoch)
         if tracker is None:
             return None
+        if isinstance(failure, FailureKind):
+            failure = Failure(kind=failure)
         tracker.apply(Event.FAIL, offset)
-        attempts = tracker.failures(offset)
-        if self.retry.should_retry(kind, attempts):
-            tracker.apply(Event.SCHEDULE_RETRY, offset)
-            delay = self.retry.delay(attempts, jitter)
-            return RetryAt(tp=tp, epoch=epoch, offset=offset, attempt=attempts, at=now + delay)
-        return DeadLetter(
+        decision = decide(
+            failure,
             tp=tp,
             epoch=epoch,
             offset=offset,
-            attempts=attempts,
-            permanent=kind is FailureKind.PERMANENT,
+            attempts=tracker.failures(offset) + failure.prior_attempts,
+            retry=self.retry,
+            retry_topic=self.retry_topic,
+            now=now,
+            jitter=jitter,
+            held_for=held_for,
         )
+        if isinstance(decision, RetryAt):
+            tracker.apply(Event.SCHEDULE_RETRY, offset)
+        return decision
 
     # -- commits -------------------------------------------------------------------------
 
+    @icontract.ensure(
+        lambda self, tp, result: result is None
+        or (
+            result.epoch == self._epochs[tp]
+            and result.offset == self._parts[tp].processed
+            and result.finished_above == self._parts[tp].finished_above()
+        ),
+        "a commit carries the watermark and every offset finished or held above it",
+        enabled=ENABLED,
+    )
     def commit_requested(self, tp: TopicPartition) -> Commit | None:
         """The commit to make for ``tp`` now, or ``None`` if nothing new is finished."""
         tracker = self._parts.get(tp)

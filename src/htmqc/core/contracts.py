@@ -38,3 +38,17 @@ def capture_old(capture: Callable[..., Any], name: str) -> Callable[[_F], _F]:
         return lambda func: func
     decorator: Callable[[_F], _F] = icontract.snapshot(capture, name=name)
     return decorator
+
+
+def keeps_invariant(invariant: Callable[[Any], bool], name: str) -> Callable[[_F], _F]:
+    """A postcondition that ``invariant(self)`` holds after the method (a named
+    function, not a lambda: icontract reads a failing lambda's source to report
+    it, and cannot when it is not written in the decorator itself)."""
+
+    def holds_after(self: Any) -> bool:
+        return invariant(self)
+
+    decorator: Callable[[_F], _F] = icontract.ensure(
+        holds_after, f"the {name} invariant holds", enabled=ENABLED
+    )
+    return decorator

@@ -1,15 +1,17 @@
 """Decisions the core hands to the runtime, as frozen values.
 
 The core never performs I/O. When an event calls for an action (commit an
-offset, retry a message later, write a message to the dead-letter queue) the
-core returns one of these; the runtime carries it out and reports back with the
-matching event (``commit_acked``, ``retry_due``, ``dead_lettered``).
+offset, retry a message later, move it to the retry topic, write it to the
+dead-letter queue) the core returns one of these; the runtime carries it out
+and reports back with the matching event (``commit_acked``, ``retry_due``,
+``handed_off``, ``dead_lettered``).
 Each decision names the assignment *epoch* it belongs to, so that a report that
 comes back after the partition moved is recognised as late and ignored.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 #: A Kafka topic-partition.
@@ -42,14 +44,49 @@ class RetryAt:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class HandOff:
+    """Write ``offset`` to the retry topic ``topic``, to run again from there at
+    ``due`` (the caller's clock: unix seconds, it goes into a record header),
+    then report ``handed_off``. ``attempt``: failures so far, this one included
+    (the record's attempt header)."""
+
+    tp: TopicPartition
+    epoch: int
+    offset: int
+    topic: str
+    attempt: int
+    due: float
+
+
+class DeadLetterKind(enum.Enum):
+    """Why a message is dead-lettered; values are the DLQ records' ``kind``."""
+
+    #: Its retries are used up.
+    FAILED = "failed"
+    #: Its failure was classified permanent: no retry can fix it.
+    PERMANENT = "permanent"
+    #: It failed too often too fast, or killed its worker (``<topic>.dlq.poison``).
+    POISON = "poison"
+    #: Its value is over the size limit; the handler never ran on it.
+    TOO_LARGE = "too_large"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DeadLetter:
-    """Write ``offset`` to the dead-letter queue, then report ``dead_lettered``."""
+    """Write ``offset`` to the dead-letter queue, then report ``dead_lettered``.
+    ``attempts``: failures so far, this one and earlier assignments' (retry
+    topic) included."""
 
     tp: TopicPartition
     epoch: int
     offset: int
     attempts: int
-    permanent: bool
+    kind: DeadLetterKind
+
+    @property
+    def permanent(self) -> bool:
+        """Dead-lettered before its retries were used up."""
+        return self.kind is not DeadLetterKind.FAILED
 
 
-Decision = Commit | RetryAt | DeadLetter
+Decision = Commit | RetryAt | HandOff | DeadLetter

@@ -32,5 +32,6 @@ class OffsetOrderError(CoreError):
 
 
 class NotAssigned(CoreError):
-    """An event names a partition that this consumer does not hold and that
-    cannot be late (for instance ``fetched`` for a partition never assigned)."""
+    """A partition this consumer does not hold was asked for by name
+    (:meth:`ConsumerCore.tracker`). Events for a partition not held are late
+    and ignored instead (``False``, ``None`` or nothing to run), never this."""

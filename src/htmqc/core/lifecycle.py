@@ -8,11 +8,14 @@ Every fetched message (one Kafka offset) moves through these states::
                        Processing --fail-----> Failed
     Failed  --schedule_retry--> Retrying --retry_due--> Processing
     Failed  --dead_letter-----> DeadLettered
+    Failed  --hand_off--------> HandedOff
 
-``Succeeded`` and ``DeadLettered`` are *finished*: the offset no longer holds
-back the partition's watermark. Offsets that never arrive inside a fetched
-range (compaction, transaction markers) are *gaps* and count as finished from
-the start.
+``Succeeded``, ``DeadLettered`` and ``HandedOff`` are *finished*: the offset no
+longer holds back the partition's watermark. ``HandedOff`` is a message moved
+to the retry topic (``--retry-topic``): it will run again, but from that topic,
+so for its own partition it is done (:mod:`htmqc.core.failures` decides when).
+Offsets that never arrive inside a fetched range (compaction, transaction
+markers) are *gaps* and count as finished from the start.
 
 :data:`TRANSITIONS` is the single source of truth. The partition tracker, the
 TLA+ mapping, the generated diagram, the conformance vectors and the tests all
@@ -38,6 +41,7 @@ class MessageState(enum.Enum):
     FAILED = "Failed"
     RETRYING = "Retrying"
     DEAD_LETTERED = "DeadLettered"
+    HANDED_OFF = "HandedOff"
 
 
 class Event(enum.Enum):
@@ -49,6 +53,7 @@ class Event(enum.Enum):
     SCHEDULE_RETRY = "retry_scheduled"
     RETRY_DUE = "retry_due"
     DEAD_LETTER = "dead_lettered"
+    HAND_OFF = "handed_off"
 
 
 S = MessageState
@@ -61,16 +66,23 @@ TRANSITIONS: Final[Mapping[MessageState, Mapping[Event, MessageState]]] = Mappin
         S.PENDING: MappingProxyType({E.START: S.PROCESSING}),
         S.PROCESSING: MappingProxyType({E.SUCCEED: S.SUCCEEDED, E.FAIL: S.FAILED}),
         S.FAILED: MappingProxyType(
-            {E.SCHEDULE_RETRY: S.RETRYING, E.DEAD_LETTER: S.DEAD_LETTERED}
+            {
+                E.SCHEDULE_RETRY: S.RETRYING,
+                E.DEAD_LETTER: S.DEAD_LETTERED,
+                E.HAND_OFF: S.HANDED_OFF,
+            }
         ),
         S.RETRYING: MappingProxyType({E.RETRY_DUE: S.PROCESSING}),
         S.SUCCEEDED: MappingProxyType({}),
         S.DEAD_LETTERED: MappingProxyType({}),
+        S.HANDED_OFF: MappingProxyType({}),
     }
 )
 
 #: States in which an offset no longer holds back the watermark.
-FINISHED: Final[frozenset[MessageState]] = frozenset({S.SUCCEEDED, S.DEAD_LETTERED})
+FINISHED: Final[frozenset[MessageState]] = frozenset(
+    {S.SUCCEEDED, S.DEAD_LETTERED, S.HANDED_OFF}
+)
 
 #: The state of a message when it is fetched.
 INITIAL: Final[MessageState] = S.PENDING

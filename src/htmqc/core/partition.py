@@ -55,7 +55,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from itertools import islice, repeat
+from itertools import islice, pairwise, repeat
 from operator import lt
 from typing import Any, TypeVar
 
@@ -115,19 +115,25 @@ class PartitionTracker:
     """Offsets and message states of one assigned partition (see module docs).
 
     ``start`` is the durable position the assignment begins at; ``finished_above``
-    lists offsets above ``start`` that the sink already holds (stored with the
-    commit, see :class:`~htmqc.core.decisions.Commit`): when fetched they are
-    finished at once and not handed out to run.
+    lists offsets at or above ``start`` that the sink already holds (stored with
+    the commit, see :class:`~htmqc.core.decisions.Commit`): when fetched they are
+    finished at once and not handed out to run. ``start`` itself is among them
+    when the commit was made with every offset below a held one finished.
     """
 
     @_keeps_invariant()
     def __init__(self, start: int, finished_above: Iterable[int] = ()) -> None:
-        """:raises OffsetOrderError: ``start`` is negative or above a finished offset."""
+        """:raises OffsetOrderError: ``start`` is negative or above a finished offset.
+
+        A finished offset may equal ``start``: a commit made while a held offset
+        ``h`` was not fetched yet and everything below it was finished is
+        ``offset = h, finished_above = (h, ...)`` (found by the TLC graph replay,
+        model ``small_eos``: refusing it made the partition unassignable)."""
         if start < 0:
             raise OffsetOrderError(f"cannot start at negative offset {start}")
         skip = set(finished_above)
-        if any(o <= start for o in skip):
-            raise OffsetOrderError(f"finished_above offsets must be above start {start}")
+        if any(o < start for o in skip):
+            raise OffsetOrderError(f"finished_above offsets must not lie below start {start}")
         self._next = start
         self._processed = start
         self._committed = start
@@ -182,6 +188,14 @@ class PartitionTracker:
         """A copy of the unfinished offsets and their states."""
         return dict(self._live)
 
+    @icontract.ensure(
+        lambda self, result: all(a < b for a, b in pairwise(result))
+        and all(o >= self._processed and o not in self._live for o in result)
+        and self._skip.issubset(result)
+        and len(result) == len(self._order) - len(self._live) + len(self._skip),
+        "exactly the finished offsets above the watermark and the held ones, increasing",
+        enabled=ENABLED,
+    )
     def finished_above(self) -> tuple[int, ...]:
         """Offsets above the watermark that are finished, in increasing order:
         those that finished out of order, and those the sink already held at
@@ -194,12 +208,15 @@ class PartitionTracker:
         return done + tuple(sorted(self._skip)) if self._skip else done
 
     def snapshot(self) -> dict[str, Any]:
-        """The whole observable state as plain data (for traces and vectors)."""
+        """The whole observable state as plain data (for traces and vectors);
+        ``unsent`` is the flag that makes :meth:`commit_requested` answer even
+        when the watermark has not moved."""
         return {
             "next": self._next,
             "processed": self._processed,
             "committed": self._committed,
             "requested": self._requested,
+            "unsent": self._unsent,
             "draining": self._draining,
             "in_flight": {str(o): s.value for o, s in sorted(self._live.items())},
             "finished_above": list(self.finished_above()),
@@ -208,6 +225,7 @@ class PartitionTracker:
     # -- fetching ------------------------------------------------------------------------
 
     @capture_old(lambda self: self._next, name="next")
+    @capture_old(lambda self: (len(self._live), frozenset(self._skip)), name="before")
     @icontract.ensure(
         lambda self, end, offsets, OLD: self._next
         == (end if end is not None else (offsets[-1] + 1 if offsets else OLD.next)),
@@ -217,6 +235,18 @@ class PartitionTracker:
     @icontract.ensure(
         lambda self, result: all(self._live.get(o) is INITIAL for o in result),
         "every offset handed out is Pending",
+        enabled=ENABLED,
+    )
+    @icontract.ensure(
+        lambda self, offsets, result, OLD: list(result)
+        == [o for o in offsets if o not in OLD.before[1]]
+        and len(self._live) == OLD.before[0] + len(result),
+        "exactly the arrived offsets the sink does not hold are handed out to run",
+        enabled=ENABLED,
+    )
+    @icontract.ensure(
+        lambda self, OLD: self._skip == {o for o in OLD.before[1] if o >= self._next},
+        "a held offset stays held until a fetch covers it",
         enabled=ENABLED,
     )
     @_keeps_invariant()
@@ -274,6 +304,17 @@ class PartitionTracker:
     # -- lifecycle events ---------------------------------------------------------------
 
     @capture_old(lambda self: self._processed, name="processed")
+    @capture_old(lambda self, offset: (self._live.get(offset), self._unsent), name="before")
+    @icontract.ensure(
+        lambda event, OLD: OLD.before[0] is EDGES[event][0],
+        "the offset was in the event's source state",
+        enabled=ENABLED,
+    )
+    @icontract.ensure(
+        lambda self, event, OLD: self._unsent == (OLD.before[1] or EDGES[event][1] in FINISHED),
+        "a commit is due once an offset finished, and not because of anything else",
+        enabled=ENABLED,
+    )
     @icontract.ensure(
         lambda self, event, offset, result: result is EDGES[event][1]
         and (self._live.get(offset) is result or (result in FINISHED and offset not in self._live)),
@@ -309,6 +350,29 @@ class PartitionTracker:
         return target
 
     @capture_old(lambda self: self._processed, name="processed")
+    @capture_old(
+        lambda self, offsets: (len(self._live), list(map(self._live.get, offsets)), self._unsent),
+        name="batch",
+    )
+    @icontract.ensure(
+        lambda event, offsets, OLD: OLD.batch[1].count(EDGES[event][0])
+        == len(offsets)
+        == len(set(offsets)),
+        "every offset of the batch was in the event's source state, once",
+        enabled=ENABLED,
+    )
+    @icontract.ensure(
+        lambda self, event, offsets, OLD: len(self._live)
+        == OLD.batch[0] - (len(offsets) if EDGES[event][1] in FINISHED else 0),
+        "only the batch's offsets left the live set",
+        enabled=ENABLED,
+    )
+    @icontract.ensure(
+        lambda self, event, offsets, OLD: self._unsent
+        == (OLD.batch[2] or (EDGES[event][1] in FINISHED and len(offsets) > 0)),
+        "a commit is due once offsets finished, and not because of anything else",
+        enabled=ENABLED,
+    )
     @icontract.ensure(
         lambda self, event, offsets: all(
             self._live.get(o) is EDGES[event][1]
@@ -341,7 +405,8 @@ class PartitionTracker:
                     if state is not None:
                         live[o] = state
                 self._reject(event, offsets)
-            self._unsent = True
+            if n:  # an empty batch finished nothing: no commit is due
+                self._unsent = True
             if self._failures:
                 failures = self._failures
                 for o in offsets:

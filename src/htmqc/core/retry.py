@@ -6,7 +6,7 @@ the message has failed ``max_retries + 1`` times, then dead-lettered.
 
 The backoff is exponential with *full jitter* (AWS architecture blog, "Exponential
 Backoff And Jitter"): the n-th retry waits ``jitter * min(cap, base * 2**(n-1))``
-seconds, where ``jitter`` is a uniform random number in ``[0, 1)`` that the
+seconds, where ``jitter`` is a uniform random number in ``[0, 1]`` that the
 caller draws (the core owns no random source, so a seed reproduces a run).
 """
 
@@ -81,16 +81,6 @@ class RetryPolicy:
             raise ValueError(
                 f"need 0 <= base_delay <= max_delay, got {self.base_delay} and {self.max_delay}"
             )
-
-    @icontract.require(lambda attempts: attempts >= 1, enabled=ENABLED)
-    @icontract.ensure(
-        lambda self, kind, attempts, result: result
-        == (kind is not FailureKind.PERMANENT and attempts <= self.max_retries),
-        enabled=ENABLED,
-    )
-    def should_retry(self, kind: FailureKind, attempts: int) -> bool:
-        """Whether a message that has now failed ``attempts`` times is retried."""
-        return kind is not FailureKind.PERMANENT and attempts <= self.max_retries
 
     @icontract.require(lambda attempt: attempt >= 1, enabled=ENABLED)
     @icontract.require(lambda jitter: 0.0 <= jitter <= 1.0, enabled=ENABLED)

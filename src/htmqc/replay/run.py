@@ -10,7 +10,8 @@ trace lines, same effects):
 
 * the engine's one clock is a :class:`VirtualClock` that advances a fixed tick
   per reading (wall time too), so commit and transaction timing depend only on
-  the work done;
+  the work done (``txn_ms`` ends a transaction in virtual time too: the
+  exactly-once worker reads the same clock);
 * one worker (``workers = 1``), the fixed flow window (``--flow fixed``), and
   the engine in lockstep: after each turn it waits until the worker is idle,
   so every event comes in an order that is a function of the input;
@@ -127,6 +128,7 @@ def replay(
     trace: str | None = None,
     max_retries: int = 3,
     txn_messages: int = 1000,
+    txn_ms: float = 100.0,
     batch_size: int = 500,
     progress: bool = False,
 ) -> ReplayReport:
@@ -171,6 +173,7 @@ def replay(
         backoff_ms=0.0,
         backoff_max_ms=0.0,
         txn_messages=txn_messages,
+        txn_ms=txn_ms,
         batch_size=batch_size,
     )
     dead = FakeProducer()

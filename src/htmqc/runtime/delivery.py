@@ -226,8 +226,10 @@ class ExactlyOnce:
             and now - self.last_commit >= self.txn_seconds
         ):
             self.last_commit = now
-            if self.worker.count or self.engine.core.commits():
-                self.ask()
+            # Not ``core.commits()`` to see whether there is anything: asking the
+            # core for its commits marks them requested (only the answer to the
+            # worker's ``commit_due`` may). An empty handshake costs no sink call.
+            self.ask()
 
     def commit_now(self, deadline: float) -> bool:
         """Commit the open transaction (and wait for the outcome) before the real

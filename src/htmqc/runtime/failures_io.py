@@ -1,23 +1,23 @@
-"""A handler raised: decide what happens, then carry it out.
+"""A handler raised: hand the facts to the core, carry out its decision.
 
 Theory of operation
 -------------------
-:func:`decide` is the *decision*: from the exception, the poison detector's
-verdict and the attempts so far, the kind the core is told
-(:class:`~htmqc.core.FailureKind`), the dead-letter kind if the message ends
-in the DLQ, and whether it leaves for the retry topic. It is pure and is the
-one place that chooses; it is kept small so that swapping it for
-``htmqc.core.failures`` (a table answering RetryAt / HandOff / DeadLetter) is a
-local change. Everything else in this module is I/O on the poll thread:
-:class:`Failures` asks the core (``core.failed``), keeps the retry timers on
-the injected clock (only the failed key is held back, in its lane), and sends
-dead letters and retry-topic records to the worker of the message's key, which
-writes them (and, exactly-once, inside the transaction, in order) and reports
-``dead`` / ``moved``; only then does the core hear ``dead_lettered``.
+The decision is the core's (:mod:`htmqc.core.failures`: a table of facts to
+RetryAt / HandOff / DeadLetter(kind)); this module only gathers the facts it
+alone can see (the exception's class and classification, the poison
+detector's verdict, a too-large value, a retry-topic record's prior attempts,
+how long the circuit breaker holds work) and does the I/O the answer asks
+for, on the poll thread: :class:`Failures` keeps the retry timers on the
+injected clock (only the failed key is held back, in its lane), and sends
+dead letters and retry-topic records to the worker of the message's key,
+which writes them (and, exactly-once, inside the transaction, in order) and
+reports ``dead`` / ``moved``; only then does the core hear ``dead_lettered``
+/ ``handed_off``.
 
-A message that failed ``poison_threshold`` times within ``poison_window``
-seconds, or raised a ``BaseException`` that is not an ``Exception`` (it would
-kill its worker), is poison: dead-lettered to ``<topic>.dlq.poison`` at once.
+The circuit breaker (:class:`~htmqc.core.breaker.Breaker`) hears every
+handler outcome here; while it is not closed a failure is held (retried when
+it lets work out again), never dead-lettered, and the intake hands out no
+work (:mod:`~htmqc.runtime.intake`).
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ import heapq
 import logging
 import random
 import traceback
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from htmqc.core import DeadLetter, FailureKind, RetryAt, classify
+from htmqc.core import Breaker, DeadLetter, Failure, HandOff, RetryAt, classify
+from htmqc.core.breaker import BreakerEvent
 from htmqc.core.decisions import TopicPartition
 from htmqc.core.poison import PoisonDetector
-from htmqc.core.retry import Permanent, RetryPolicy
+from htmqc.core.retry import Permanent
 from htmqc.dlq.record import DeadLetterInfo
 from htmqc.runtime.lanes import Lease
 from htmqc.runtime.retry_topic import prior_attempts, retry_headers
@@ -60,70 +60,17 @@ def check_size(limit: int) -> Any:
     return check
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """What :func:`decide` chose for one failure.
-
-    ``core_kind``: what ``core.failed`` hears. ``dlq_kind``: the dead-letter
-    kind, should the core answer :class:`~htmqc.core.DeadLetter`.
-    ``hand_off_at``: unix seconds when the message is due again, if it moves to
-    the retry topic (then the core is told PERMANENT: it leaves the partition).
-    """
-
-    core_kind: FailureKind
-    dlq_kind: str
-    hand_off_at: float | None
-
-
-# -- DECISION: to be replaced by htmqc.core.failures ------------------------------------
-
-
-def decide(
-    exc: BaseException,
-    *,
-    poison: bool,
-    kinds: dict[type[BaseException], FailureKind],
-    attempts: int,
-    prior: int,
-    policy: RetryPolicy,
-    retry_topic_seconds: float | None,
-    jitter: float,
-    wall: float,
-) -> Plan:
-    """The failure decision (module docs). ``attempts``: failures of this message
-    including this one (and ``prior`` ones recorded on a retry-topic record);
-    ``retry_topic_seconds``: the shortest backoff that leaves for the retry topic,
-    ``None`` without ``--retry-topic``."""
-    too_large = isinstance(exc, MessageTooLarge)
-    poison = poison or not isinstance(exc, Exception)
-    kind = FailureKind.PERMANENT if poison or too_large else classify(exc, kinds)
-    hand_off: float | None = None
-    over_budget = False
-    if retry_topic_seconds is not None and kind is not FailureKind.PERMANENT:
-        if attempts > policy.max_retries:
-            over_budget = prior > 0
-        else:
-            delay = policy.delay(attempts, jitter)
-            if prior or delay >= retry_topic_seconds:
-                hand_off = wall + delay
-    if too_large:
-        dlq_kind = "too_large"
-    elif poison:
-        dlq_kind = "poison"
-    else:
-        dlq_kind = "permanent" if kind is FailureKind.PERMANENT else "failed"
-    core_kind = FailureKind.PERMANENT if hand_off is not None or over_budget else kind
-    return Plan(core_kind, dlq_kind, hand_off)
-
-
-# -- I/O ----------------------------------------------------------------------------------
+def error_class(exc: BaseException) -> str:
+    """``module.QualName`` of ``exc``'s type (dead letters, the breaker)."""
+    return f"{type(exc).__module__}.{type(exc).__qualname__}"
 
 
 class Failures:
     """Failure handling on the poll thread (module docs)."""
 
-    def __init__(self, engine: Engine, seed: int | None) -> None:
+    def __init__(self, engine: Engine, seed: int | None, breaker: Breaker) -> None:
         self.engine = engine
+        self.breaker = breaker
         self.rng = random.Random(seed)
         self.poison = PoisonDetector(engine.options.poison_threshold, engine.options.poison_window)
         #: Retry timers: (due on the loop's clock, sequence, lease, message).
@@ -132,30 +79,30 @@ class Failures:
         self._seq = 0
 
     def failed(self, lease: Lease, msg: Any, exc: BaseException) -> None:
-        """A worker's ``fail`` report: ask the core, then act on its answer."""
+        """A worker's ``fail`` report: the facts to the core, then its answer."""
         e = self.engine
         tp, epoch, offset = lease.tp, lease.epoch, msg.offset()
         if e.core.epoch(tp) != epoch:
             return  # late: the partition moved on
         wall = e.clock.wall()
+        now = e.clock.monotonic()
         first = self._first.setdefault((tp, offset), wall)
-        poison = self.poison.failed((tp, offset), e.clock.monotonic())
-        jitter = self.rng.random()
-        prior = prior_attempts(msg) if tp[0] == e.retry_topic else 0
-        attempts = e.core.tracker(tp).failures(offset) + 1 + prior
-        o = e.options
-        plan = decide(
-            exc,
-            poison=poison,
-            kinds=e.error_kinds,
-            attempts=attempts,
-            prior=prior,
-            policy=e.retry_policy,
-            retry_topic_seconds=o.retry_topic_ms / 1000.0 if e.retry_topic else None,
-            jitter=jitter,
-            wall=wall,
+        too_large = isinstance(exc, MessageTooLarge)
+        from_retry_topic = tp[0] == e.retry_topic
+        failure = Failure(
+            kind=classify(exc, e.error_kinds),
+            poison=self.poison.failed((tp, offset), now),
+            fatal=not isinstance(exc, Exception),
+            too_large=too_large,
+            from_retry_topic=from_retry_topic,
+            prior_attempts=prior_attempts(msg) if from_retry_topic else 0,
         )
-        decision = e.core.failed(tp, epoch, offset, plan.core_kind, wall, jitter)
+        if not too_large:  # the handler never ran on a too-large message
+            self.breaker_event(self.breaker.failed(tp, offset, error_class(exc), now))
+        decision = e.core.failed(
+            tp, epoch, offset, failure, wall, self.rng.random(),
+            held_for=self.breaker.held_for(now),
+        )
         if decision is None:
             return
         e.stats.failed(tp)
@@ -171,38 +118,60 @@ class Failures:
             if e.metrics is not None:
                 e.metrics.retried()
             self._seq += 1
-            due = e.clock.monotonic() + max(0.0, decision.at - wall)
+            due = now + max(0.0, decision.at - wall)
             heapq.heappush(self.timers, (due, self._seq, lease, msg))
             return
-        assert isinstance(decision, DeadLetter)
-        if plan.hand_off_at is not None and e.retry_topic is not None:
+        if isinstance(decision, HandOff):
             headers = retry_headers(
                 msg,
-                attempt=attempts,
-                due_ms=int(plan.hand_off_at * 1000),
+                attempt=decision.attempt,
+                due_ms=int(decision.due * 1000),
                 first_failure_ms=int(first * 1000),
             )
-            e.workers.forward(lease, msg, e.retry_topic, headers)
+            e.workers.forward(lease, msg, decision.topic, headers)
             return
+        assert isinstance(decision, DeadLetter)
         info = DeadLetterInfo(
-            kind=plan.dlq_kind,
-            error_class=f"{type(exc).__module__}.{type(exc).__qualname__}",
+            kind=decision.kind.value,
+            error_class=error_class(exc),
             error_message=str(exc),
             stack="".join(traceback.format_exception(exc))[-8000:],
-            retries=attempts - 1,
+            retries=decision.attempts - 1,
             first_failure_at=first,
             last_failure_at=wall,
-            group=o.group,
+            group=e.options.group,
         )
         # Dead letters of the retry topic's records go to the main topic's DLQ.
-        e.workers.dead_letter(lease, msg, info, o.topic)
+        e.workers.dead_letter(lease, msg, info, e.options.topic)
 
-    def _left(self, lease: Lease, msg: Any) -> bool:
-        """``msg`` left its partition without an effect: tell the core (True if
-        it was still current)."""
+    def breaker_event(self, event: BreakerEvent | None) -> None:
+        """Report a change of the breaker's state (log line, metric) and hold or
+        release fetching with it."""
+        if event is None:
+            return
+        b = self.breaker
+        e = self.engine
+        if b.closed:
+            log.warning("circuit breaker closed: the probe succeeded; work flows again")
+        elif b.fetch_paused:
+            log.warning(
+                "circuit breaker open (%s, %s): no new work for %.2f s, then one probe",
+                b.reason, b.error_class, b.held_for(e.clock.monotonic()) or 0.0,
+            )
+        if e.metrics is not None:
+            e.metrics.breaker(event.value)
+        own = e.ownership
+        if own.breaker_paused != b.fetch_paused:
+            own.breaker_paused = b.fetch_paused
+            own.sync_pauses()
+
+    def _left(self, lease: Lease, msg: Any, *, handed_off: bool = False) -> bool:
+        """``msg`` left its partition without an effect (dead-lettered, or handed
+        off to the retry topic): tell the core (True if it was still current)."""
         e = self.engine
         self.forget(lease.tp, msg.offset())
-        if not e.core.dead_lettered(lease.tp, lease.epoch, msg.offset()):
+        report = e.core.handed_off if handed_off else e.core.dead_lettered
+        if not report(lease.tp, lease.epoch, msg.offset()):
             return False
         e.finish(lease, 1, len(msg))
         e.stats.left(len(msg))
@@ -228,18 +197,25 @@ class Failures:
         """A worker's ``moved`` report: the message is on the retry topic; for its
         partition it is finished."""
         e = self.engine
-        if self._left(lease, msg):
+        if self._left(lease, msg, handed_off=True):
             e.stats.retries_forwarded += 1
             if e.metrics is not None:
                 e.metrics.retried()
 
     def fire(self, now: float) -> None:
-        """Run again the failed messages whose backoff passed."""
+        """Run again the failed messages whose backoff passed, as many as the
+        breaker allows (while it is open they wait; half-open one is the probe)."""
         timers = self.timers
         e = self.engine
+        breaker = self.breaker
         while timers and timers[0][0] <= now:
+            allowance = breaker.allowance()
+            if allowance == 0:
+                return
             _, _, lease, msg = heapq.heappop(timers)
             if lease.live and e.core.retry_due(lease.tp, lease.epoch, msg.offset()):
+                if allowance is not None:
+                    self.breaker_event(breaker.probe_started(lease.tp, msg.offset(), now))
                 e.workers.retry(lease, msg)
 
     def forget(self, tp: TopicPartition, offset: int) -> None:

@@ -11,16 +11,18 @@ message.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
-from itertools import groupby
-from operator import methodcaller
+from itertools import groupby, repeat
+from operator import is_, methodcaller
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Message
+from confluent_kafka import KafkaError, Message
 from confluent_kafka import TopicPartition as KafkaTP
 
 from htmqc.core.decisions import TopicPartition
 from htmqc.errors import RuntimeFailure
+from htmqc.runtime.options import RunOptions
 from htmqc.runtime.retry_topic import retry_after_ms
 
 if TYPE_CHECKING:
@@ -46,6 +48,15 @@ class Intake:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self._log_error = ErrorLog(time.monotonic)
+
+    def _error(self, err: Any) -> None:
+        """A consumer error that is not fatal: rate-limited to the log; a broker
+        that is unreachable is remembered until the next message arrives."""
+        e = self.engine
+        if err.code() in BROKER_DOWN and e.broker_down is None:
+            e.broker_down = e.clock.monotonic()
+        self._log_error(err)
 
     def dispatch(self, msgs: list[Any]) -> None:
         """Hand a consumed batch to the core and the workers."""
@@ -59,10 +70,16 @@ class Intake:
         if e.stats.first_message_at is None:
             e.stats.first_message_at = now
         error, partition, offset = READERS.get(type(msgs[0]), ANY_READERS)
-        if list(map(error, msgs)).count(None) != n:
-            msgs = drop_errors(msgs)
+        # Identity, not ==: a KafkaError compared with None raises (confluent-kafka 2.16).
+        if not all(map(is_, map(error, msgs), repeat(None))):
+            msgs = drop_errors(msgs, e.options, self._error)
+            if not msgs:
+                return
+        e.broker_down = None
         core = e.core
         gate = e.ownership
+        breaker = e.breaker
+        allowance = breaker.allowance()
         for tp, batch in self.by_partition(msgs, partition):
             lease = gate.lease(tp)
             if lease is None or not gate.fetchable(tp) or core.tracker(tp).draining:
@@ -79,6 +96,15 @@ class Intake:
                 offsets = [m.offset() for m in batch]
                 if not batch:
                     continue
+            if allowance is not None:
+                # The breaker is not closed: hand out nothing (or its one probe);
+                # the rest is fetched again once it lets work out.
+                if allowance == 0:
+                    e.consumer.seek(KafkaTP(tp[0], tp[1], offsets[0]))
+                    continue
+                if len(batch) > 1:
+                    e.consumer.seek(KafkaTP(tp[0], tp[1], offsets[1]))
+                    batch, offsets = batch[:1], offsets[:1]
             run = core.fetched(tp, lease.epoch, offsets)
             if len(run) != len(batch):
                 if e.metrics is not None:
@@ -88,6 +114,9 @@ class Intake:
             if not run:
                 continue
             core.started_many(tp, lease.epoch, run)
+            if allowance is not None:
+                e.failures.breaker_event(breaker.probe_started(tp, run[0], now))
+                allowance = 0
             nbytes = sum(map(len, batch))
             lease.count += len(run)
             lease.nbytes += nbytes
@@ -135,15 +164,70 @@ class Intake:
         return batch
 
 
-def drop_errors(msgs: list[Any]) -> list[Any]:
-    """The messages of ``msgs`` that are not errors; a fatal error stops the run."""
+#: librdkafka's text for Kafka's UNRELEASED_INSTANCE_ID (KIP-848): a live member holds
+#: the group.instance.id this consumer joined with.
+_INSTANCE_ID_IN_USE = "instance ID is still used by another member"
+
+
+def consumer_failure(text: str, options: RunOptions) -> RuntimeFailure:
+    """The one-line failure for a fatal consumer error ``text``."""
+    if _INSTANCE_ID_IN_USE in text and options.member_id:
+        return RuntimeFailure(
+            f"--member-id {options.member_id!r} is held by a live member of group "
+            f"{options.group!r}; under --group-protocol consumer the new member is fenced",
+            "give each live member its own --member-id; after a crash, start again once "
+            "the broker's group.consumer.session.timeout.ms (45 s by default) has passed",
+        )
+    return RuntimeFailure(f"Kafka consumer failed: {text}", "restart htmqc run")
+
+
+def drop_errors(
+    msgs: list[Any], options: RunOptions, on_error: Callable[[Any], None] | None = None
+) -> list[Any]:
+    """The messages of ``msgs`` that are not errors; a fatal error stops the run,
+    any other goes to ``on_error`` (default: logged).
+
+    librdkafka hands a fatal error to ``consume`` as a ``_FATAL`` event whose
+    ``fatal()`` is false (the flag is on the original error), so the code counts.
+    """
     out = []
     for msg in msgs:
         err = msg.error()
         if err is None:
             out.append(msg)
-        elif err.fatal():
-            raise RuntimeFailure(f"Kafka consumer failed: {err.str()}", "restart htmqc run")
+        elif err.fatal() or err.code() == KafkaError._FATAL:
+            raise consumer_failure(err.str(), options)
+        elif on_error is not None:
+            on_error(err)
         else:
             log.warning("consumer error: %s", err.str())
     return out
+
+
+#: Error codes that say the broker cannot be reached (``/readyz``, the state page).
+BROKER_DOWN = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN})
+#: Seconds between two log lines for the same consumer error code.
+ERROR_LOG_EVERY = 30.0
+
+
+class ErrorLog:
+    """Consumer errors, rate-limited: the first of a code is logged, the same
+    code again only after :data:`ERROR_LOG_EVERY` seconds, with how many were
+    left out. A broker that is down makes librdkafka repeat itself many times a
+    second; the log should say it once, and the state should show it."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._last: dict[int, float] = {}
+        self._quiet: dict[int, int] = {}
+
+    def __call__(self, err: Any) -> None:
+        code, now = err.code(), self._clock()
+        last = self._last.get(code)
+        if last is not None and now - last < ERROR_LOG_EVERY:
+            self._quiet[code] = self._quiet.get(code, 0) + 1
+            return
+        self._last[code] = now
+        quiet = self._quiet.pop(code, 0)
+        more = f" ({quiet} more like it in {now - last:.0f} s)" if quiet and last else ""
+        log.warning("consumer error: %s%s", err.str(), more)

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import TopicPartition as KafkaTP
 
-from htmqc.core import ConsumerCore, FailureKind
+from htmqc.core import Breaker, BreakerPolicy, ConsumerCore, FailureKind, RetryTopic
 from htmqc.core.decisions import TopicPartition
 from htmqc.core.flow import FlowPolicy, FlowWindow
 from htmqc.core.retry import RetryPolicy
@@ -86,6 +86,11 @@ _JOIN_GRACE = 30.0
 _FLOW_INTERVAL = 1.0
 #: Real seconds between two polls at most while the workers are saturated.
 _POLL_EVERY = 0.1
+#: Real seconds between two snapshots of the state for readers (HTTP, Redis).
+_PUBLISH_EVERY = 0.5
+#: ``/healthz`` fails when the poll loop has not turned for this long plus
+#: ``--shutdown-seconds`` (a revoke may wait that long inside a callback).
+LIVENESS_SECONDS = 10.0
 #: Seconds a turn with nothing fetched waits: for a worker's report while workers
 #: are busy or retries wait (woken by the report), else in consume().
 _BUSY_WAIT, _IDLE_WAIT = 0.01, 0.1
@@ -129,6 +134,7 @@ class Engine:
         metrics: Metrics | None = None,
         error_kinds: Mapping[type[BaseException], FailureKind] | None = None,
         lockstep: bool = False,
+        breaker: BreakerPolicy | None = None,
     ) -> None:
         check_handler(handler, options.mode)
         self.options = options
@@ -150,11 +156,21 @@ class Engine:
             )
         self.retry_policy = retry
         self.retry_topic = retry_topic(options.topic) if options.retry_topic else None
-        self.core: ConsumerCore = (
-            TracingCore(open(options.trace, "a", encoding="utf-8"), retry)  # noqa: SIM115
-            if options.trace
-            else ConsumerCore(retry)
+        to_topic = (
+            RetryTopic(name=self.retry_topic, min_delay=options.retry_topic_ms / 1000.0)
+            if self.retry_topic is not None
+            else None
         )
+        self.core: ConsumerCore = (
+            TracingCore(
+                open(options.trace, "a", encoding="utf-8"),  # noqa: SIM115
+                retry,
+                retry_topic=to_topic,
+            )
+            if options.trace
+            else ConsumerCore(retry, retry_topic=to_topic)
+        )
+        self.breaker = Breaker(breaker)
         self.lock = threading.RLock()
         self.stopping = threading.Event()
         self.stats = Stats(metrics)
@@ -212,10 +228,17 @@ class Engine:
                 max_in_flight_bytes=options.max_in_flight_bytes,
             )
         )
-        session = consumer_config(options.bootstrap, options.group, dict(options.kafka_config))
+        session = consumer_config(
+            options.bootstrap,
+            options.group,
+            dict(options.kafka_config),
+            group_protocol=options.group_protocol,
+        )  # under group.protocol=consumer the broker's session timeout: 45 s by default
         grace = float(session.get("session.timeout.ms", 45_000)) / 1000
         self.ownership = Ownership(self, grace)
-        self.failures = Failures(self, seed)
+        if isinstance(self.core, TracingCore):
+            self.core.fences = self.ownership.fences  # the trace records fence tokens
+        self.failures = Failures(self, seed, self.breaker)
         self.intake = Intake(self)
         now = self.clock.monotonic()
         self._last_commit = self._last_position = self._last_flow = now
@@ -223,8 +246,15 @@ class Engine:
         self.ever_assigned = False
         self._shutdown_deadline: float | None = None
         self._started = False
-        #: Real time of the last poll.
-        self._polled = 0.0
+        #: Real time of the last poll (``/healthz``).
+        self._polled = time.monotonic()
+        self._published = -_PUBLISH_EVERY
+        #: Clock reading since when the broker has been unreachable, or ``None``.
+        self.broker_down: float | None = None
+        from htmqc.observe.state import LastSnapshot
+
+        #: What readers see (never the live core: they must not wait for the lock).
+        self.snapshot = LastSnapshot(self.state_source())
 
     # -- compatibility views (tests, benchmarks) -------------------------------------------
 
@@ -301,6 +331,12 @@ class Engine:
                 "finished": stats.finished,
                 "retries_waiting": len(self.failures.timers),
                 "max_poll_gap_s": round(stats.max_poll_gap, 4),
+                "breaker": self.breaker.snapshot(self.clock.monotonic()),
+                "broker_down_s": (
+                    None if self.broker_down is None
+                    else round(self.clock.monotonic() - self.broker_down, 1)
+                ),
+                "sink_down": self.ownership.sink_down,
             },
         )
 
@@ -351,6 +387,9 @@ class Engine:
         if len(offsets) == 1:
             self.failures.forget(lease.tp, offsets[0])
         if self.core.succeeded_many(lease.tp, lease.epoch, offsets):
+            self.failures.breaker_event(
+                self.breaker.succeeded(lease.tp, offsets, self.clock.monotonic())
+            )
             lease.count -= len(offsets)
             lease.nbytes -= done.nbytes
             self.stats.succeeded(lease.tp, done)
@@ -420,20 +459,27 @@ class Engine:
             self.serve()
             if msgs:
                 self.intake.dispatch(msgs)
-            self._turn(self.clock.monotonic() if now is None else now, len(msgs) < batch)
-        if busy and not msgs and not self.lockstep:
-            self.workers.wait(_BUSY_WAIT)
         if self.lockstep:
+            # The turn's timers and commits see the batch done, as if it had run
+            # inline: the order of events is a function of the input alone.
             self.settle()
             if msgs:
                 # The workers' own clock readings are not idle time: in lockstep
                 # the batch counts as arriving when it is done.
                 self.last_message = self.clock.monotonic()
+        with self.lock:
+            self._turn(self.clock.monotonic() if now is None else now, len(msgs) < batch)
+        if self.lockstep:
+            self.settle()
+        elif busy and not msgs:
+            self.workers.wait(_BUSY_WAIT)
 
     def _turn(self, now: float, short: bool) -> None:
         own = self.ownership
-        if self.failures.timers:
-            self.failures.fire(now)
+        failures = self.failures
+        failures.breaker_event(self.breaker.tick(now))
+        if failures.timers:
+            failures.fire(now)
         if own.waiting:
             own.wake(self.clock.wall())
             own.sync_pauses()
@@ -447,6 +493,32 @@ class Engine:
         self.commit(now)
         self._flow(now)
         self.stats.flush_metrics()
+        real = time.monotonic()
+        if real - self._published >= _PUBLISH_EVERY:
+            self._published = real
+            self.snapshot.publish()
+
+    # -- health (read from HTTP threads: plain attributes, no lock) --------------------------
+
+    def live(self) -> tuple[bool, str]:
+        """``/healthz``: the poll loop turned within its bound."""
+        bound = LIVENESS_SECONDS + self.options.shutdown_seconds
+        gap = time.monotonic() - self._polled
+        if gap > bound:
+            return False, f"the poll loop has not turned for {gap:.1f} s (bound {bound:g} s)"
+        return True, ""
+
+    def ready(self) -> tuple[bool, str]:
+        """``/readyz``: partitions assigned, broker and sink reachable, breaker closed."""
+        if not self.ownership.assigned:
+            return False, "no partitions assigned"
+        if self.broker_down is not None:
+            return False, "the broker is unreachable"
+        if self.ownership.sink_down:
+            return False, "the sink is unreachable; reconnecting"
+        if not self.breaker.closed:
+            return False, f"the circuit breaker is {self.breaker.state.value}"
+        return True, ""
 
     def report_gaps(self) -> None:
         """Offsets the broker skipped (markers, aborted records) are gaps."""
@@ -544,6 +616,9 @@ class Engine:
         self.consumer.subscribe(
             topics, on_assign=self.on_assign, on_revoke=self.on_revoke, on_lost=self.on_lost
         )
+        self._polled = time.monotonic()
+        with self.lock:
+            self.snapshot.publish()
 
     def run(self, *, install_signals: bool = True) -> int:
         """Subscribe, loop until stopped, shut down; return the messages finished."""

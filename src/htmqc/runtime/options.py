@@ -12,6 +12,9 @@ MODES = (AT_LEAST_ONCE, EXACTLY_ONCE)
 #: ``min_in_flight`` and ``max_in_flight``; ``fixed`` keeps it at ``max_in_flight``.
 FLOWS = ("adaptive", "fixed")
 LOG_FORMATS = ("text", "json")
+#: ``--group-protocol``: Kafka's classic rebalance protocol, or KIP-848's ``consumer``
+#: protocol (Kafka 4.0 and later; the broker assigns and keeps the session timeout).
+GROUP_PROTOCOLS = ("classic", "consumer")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,6 +45,12 @@ class RunOptions:
     and aborts its crashed predecessor's open transaction at once, and the
     consumer's ``group.instance.id`` (static membership: a quick restart keeps
     its partitions). Without it the transactional id is random per process.
+    ``group_protocol`` (:data:`GROUP_PROTOCOLS`): ``consumer`` joins with
+    KIP-848's protocol (librdkafka ``group.protocol=consumer``): the broker
+    assigns partitions and owns the session and heartbeat timing, so the
+    classic-only settings are not sent. Under it a ``member_id`` already held
+    by a live member fences the *new* member (it stops at start with one line),
+    where the classic protocol fences the old one.
     ``retry_topic``: backoffs of at least ``retry_topic_ms`` wait in
     ``<topic>.retry`` instead of in memory (:mod:`htmqc.runtime.retry_topic`).
     Flow: ``flow`` (:data:`FLOWS`), ``min_in_flight``, ``latency_target_ms``
@@ -91,3 +100,4 @@ class RunOptions:
     permanent_errors: str | None = None
     member_id: str | None = None
     retryable_errors: str | None = None
+    group_protocol: str = "classic"

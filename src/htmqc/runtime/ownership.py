@@ -90,6 +90,10 @@ class Ownership:
         self.reclaim: set[TopicPartition] = set()
         self.waiting: dict[TopicPartition, float] = {}
         self.flow_paused = False
+        #: The circuit breaker is open: nothing is fetched.
+        self.breaker_paused = False
+        #: The sink failed and is being reconnected (``/readyz``).
+        self.sink_down = False
         #: What the consumer was told is paused.
         self.paused: set[TopicPartition] = set()
         self._claims: dict[int, list[TopicPartition]] = {}
@@ -113,7 +117,11 @@ class Ownership:
 
     def should_pause(self, tp: TopicPartition) -> bool:
         """Whether the consumer should keep ``tp`` paused."""
-        return self.flow_paused or (tp in self.assigned and not self.fetchable(tp))
+        return (
+            self.flow_paused
+            or self.breaker_paused
+            or (tp in self.assigned and not self.fetchable(tp))
+        )
 
     def claim_due(self, now: float) -> list[TopicPartition]:
         """Fenced partitions whose grace is over (and no longer fenced)."""
@@ -166,13 +174,14 @@ class Ownership:
     def hold(self, tp: TopicPartition, position: Position | tuple[int, tuple[int, ...]]) -> int:
         """Assign ``tp`` in the core at ``position`` under a new lease; return the start."""
         e = self.engine
+        if e.core.epoch(tp) is not None:
+            self.drop(tp)
         if isinstance(position, Position):
             start, above = position.committed, position.finished_above
+            # Before the core hears it: the trace records the fence with the assign.
             self.fences[tp] = position.fence
         else:
             start, above = position
-        if e.core.epoch(tp) is not None:
-            self.drop(tp)
         epoch = e.core.assign(tp, start, above)
         self.leases[tp] = Lease(tp, epoch)
         return start
@@ -408,6 +417,7 @@ class Ownership:
         """The sink failed (rolled back): hold nothing until it is back."""
         text = exc.line() if isinstance(exc, HtmqcError) else repr(exc)
         log.warning("sink failed, reconnecting: %s", text)
+        self.sink_down = True
         self.reclaim.update(tp for tp in self.drop_all() if tp in self.assigned)
         self.reclaim.update(self.claiming & self.assigned)
         self.claiming.clear()
@@ -416,6 +426,7 @@ class Ownership:
 
     def sink_ready(self) -> None:
         """The sink is back, or the doomed transaction is gone: claim again."""
+        self.sink_down = False
         again = sorted(self.reclaim & self.assigned)
         self.reclaim.clear()
         if again:

@@ -1,46 +1,104 @@
 """``--trace FILE``: every core transition as one JSON line (design notes §5).
 
 :class:`TracingCore` is a :class:`~htmqc.core.ConsumerCore` that, after each
-event that changed something, appends
-``{"p": "topic/partition", "ev": EVENT, "off": OFFSET, "state": {"next": ..,
-"processed": .., "committed": ..}}``. Batch events write one line per offset
-(the state after the whole batch), so a trace replays through the reference
-model offset by offset. Late events (stale epoch) are not written: they change
-nothing. Tracing costs a JSON dump per offset; leave it off for throughput.
+event that changed something, appends one line::
+
+    {"p": "topic/partition", "ev": EVENT, "off": OFFSET,
+     "state": {"next": .., "processed": .., "committed": .., "requested": ..,
+               "unsent": .., "epoch": .., "finished_above": [..]}}
+
+``state`` is the partition's tracker after the event (``{}`` once the
+partition is no longer held): the three watermarks, ``requested`` (the last
+offset handed out for a commit), ``unsent`` (something finished since the last
+commit request), the assignment's ``epoch`` (the core's number) and
+``finished_above()``. Events (``lifecycle.Event`` values and the
+core's method names): ``assign``, ``fetched``, the lifecycle events,
+``commit_requested``, ``commit_acked``, ``commit_failed``, ``revoking``,
+``revoked``, ``crashed``. Some lines carry more:
+
+* ``assign``: ``"above"``, the offsets the sink held above ``off``;
+* ``commit_requested`` (a line per request that handed something out, also
+  the ones ``revoked`` and ``commits`` make): ``off`` and ``"above"`` are the
+  :class:`~htmqc.core.Commit`'s offset and ``finished_above``, ``"epoch"`` its
+  epoch;
+* ``assign`` and ``commit_requested``, exactly-once: ``"fence"``, the fence
+  token the runtime got from ``Sink.claim`` for this assignment (read from
+  the ``fences`` mapping the runtime keeps; the core does not know it).
+
+Batch events write one line per offset (the state after the whole batch), so a
+trace replays through the reference model offset by offset. Late events (stale
+epoch) are not written: they change nothing. Tracing costs a JSON dump per
+offset; leave it off for throughput. ``model_checks.trace_validation`` reads
+this format (and refuses traces written before it had ``requested``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Any
 
-from htmqc.core import Commit, ConsumerCore, DeadLetter, FailureKind, RetryAt, RetryPolicy
+from htmqc.core import (
+    Commit,
+    ConsumerCore,
+    DeadLetter,
+    Failure,
+    FailureKind,
+    HandOff,
+    RetryAt,
+    RetryPolicy,
+    RetryTopic,
+)
 from htmqc.core.decisions import TopicPartition
 
 
 class TracingCore(ConsumerCore):
-    """A core that writes its transitions to ``out`` (see module docs)."""
+    """A core that writes its transitions to ``out`` (see module docs).
 
-    def __init__(self, out: IO[str], retry: RetryPolicy | None = None) -> None:
-        super().__init__(retry)
+    ``fences``: the runtime's live map of each partition's fence token
+    (exactly-once; the runtime may set it after construction); ``None`` when
+    there are none (at-least-once).
+    """
+
+    def __init__(
+        self,
+        out: IO[str],
+        retry: RetryPolicy | None = None,
+        fences: Mapping[TopicPartition, int] | None = None,
+        *,
+        retry_topic: RetryTopic | None = None,
+    ) -> None:
+        super().__init__(retry, retry_topic=retry_topic)
         self._out = out
+        self.fences = fences
+
+    def _state(self, tp: TopicPartition) -> dict[str, Any]:
+        tracker = self._parts.get(tp)
+        if tracker is None:
+            return {}
+        return {
+            "next": tracker.next,
+            "processed": tracker.processed,
+            "committed": tracker.committed,
+            "requested": tracker.requested,
+            "unsent": tracker._unsent,
+            "epoch": self._epochs[tp],
+            "finished_above": list(tracker.finished_above()),
+        }
 
     def _write(
-        self, tp: TopicPartition, ev: str, offsets: Iterable[int | None], above: Sequence[int] = ()
+        self, tp: TopicPartition, ev: str, offsets: Iterable[int | None], **extra: Any
     ) -> None:
-        tracker = self._parts.get(tp)
-        state: dict[str, Any] = (
-            {"next": tracker.next, "processed": tracker.processed, "committed": tracker.committed}
-            if tracker is not None
-            else {}
-        )
+        state = self._state(tp)
         name = f"{tp[0]}/{tp[1]}"
-        extra = {"above": list(above)} if above else {}
         for off in offsets:
             self._out.write(
                 json.dumps({"p": name, "ev": ev, "off": off, "state": state, **extra}) + "\n"
             )
+
+    def _fence(self, tp: TopicPartition) -> dict[str, int]:
+        fence = self.fences.get(tp) if self.fences is not None else None
+        return {} if fence is None else {"fence": fence}
 
     def close(self) -> None:
         """Flush and close the trace file."""
@@ -49,7 +107,7 @@ class TracingCore(ConsumerCore):
     def assign(self, tp: TopicPartition, committed: int, finished_above: Iterable[int] = ()) -> int:
         above = sorted(finished_above)
         epoch = super().assign(tp, committed, above)
-        self._write(tp, "assign", [committed], above)
+        self._write(tp, "assign", [committed], above=above, **self._fence(tp))
         return epoch
 
     def fetched(
@@ -84,21 +142,39 @@ class TracingCore(ConsumerCore):
     def dead_lettered(self, tp: TopicPartition, epoch: int, offset: int) -> bool:
         return self._traced("dead_lettered", super().dead_lettered(tp, epoch, offset), tp, [offset])
 
+    def dead_lettered_many(self, tp: TopicPartition, epoch: int, offsets: Sequence[int]) -> bool:
+        ok = super().dead_lettered_many(tp, epoch, offsets)
+        return self._traced("dead_lettered", ok, tp, offsets)
+
+    def handed_off(self, tp: TopicPartition, epoch: int, offset: int) -> bool:
+        return self._traced("handed_off", super().handed_off(tp, epoch, offset), tp, [offset])
+
     def failed(
         self,
         tp: TopicPartition,
         epoch: int,
         offset: int,
-        kind: FailureKind,
+        failure: Failure | FailureKind,
         now: float,
         jitter: float,
-    ) -> RetryAt | DeadLetter | None:
-        decision = super().failed(tp, epoch, offset, kind, now, jitter)
+        *,
+        held_for: float | None = None,
+    ) -> RetryAt | HandOff | DeadLetter | None:
+        decision = super().failed(tp, epoch, offset, failure, now, jitter, held_for=held_for)
         if decision is not None:
             self._write(tp, "failed", [offset])
             if isinstance(decision, RetryAt):
                 self._write(tp, "retry_scheduled", [offset])
         return decision
+
+    def commit_requested(self, tp: TopicPartition) -> Commit | None:
+        commit = super().commit_requested(tp)
+        if commit is not None:
+            self._write(
+                tp, "commit_requested", [commit.offset], above=list(commit.finished_above),
+                epoch=commit.epoch, **self._fence(tp),
+            )
+        return commit
 
     def commit_acked(self, tp: TopicPartition, epoch: int, offset: int) -> bool:
         ok = super().commit_acked(tp, epoch, offset)

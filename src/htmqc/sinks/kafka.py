@@ -83,6 +83,17 @@ FENCING_ERRORS = frozenset(
 PRODUCER_FENCING_ERRORS = frozenset(
     {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
 )
+#: Group-coordinator errors librdkafka hands to ``committed()`` while the coordinator
+#: moves or loads (a new offsets-topic leader, a broker restart); asked again until
+#: the sink's timeout.
+COORDINATOR_MOVING = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+    }
+)
+_COORDINATOR_RETRY_SECONDS = 0.2
 #: Kafka's default ``offset.metadata.max.bytes``.
 METADATA_MAX_BYTES = 4096
 
@@ -199,16 +210,25 @@ class KafkaSink:
         ordered = sorted(set(tps))
         if not ordered:
             return {}
-        try:
-            stored = consumer.committed(
-                [KafkaTopicPartition(t, p) for t, p in ordered], timeout=self.timeout
-            )
-        except KafkaException as exc:
-            raise RuntimeFailure(
-                f"kafka sink: reading the committed offsets of group {self.group!r} failed: "
-                f"{_error_text(exc)}",
-                "check that the broker is reachable",
-            ) from exc
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                stored = consumer.committed(
+                    [KafkaTopicPartition(t, p) for t, p in ordered],
+                    timeout=max(0.1, deadline - time.monotonic()),
+                )
+                break
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                moving = err is not None and err.code() in COORDINATOR_MOVING
+                if moving and time.monotonic() < deadline:
+                    time.sleep(_COORDINATOR_RETRY_SECONDS)
+                    continue
+                raise RuntimeFailure(
+                    f"kafka sink: reading the committed offsets of group {self.group!r} "
+                    f"failed: {_error_text(exc)}",
+                    "check that the broker is reachable",
+                ) from exc
         starts: dict[TopicPartition, tuple[int, tuple[int, ...]]] = {}
         need_topic: list[TopicPartition] = []
         for ktp in stored:

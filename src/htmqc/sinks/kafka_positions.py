@@ -48,7 +48,11 @@ def ensure_topic(bootstrap: str, topic: str, extra: dict[str, Any], timeout: flo
     """Create the one-partition compacted positions topic if it is missing."""
     admin = AdminClient({"bootstrap.servers": bootstrap, **_client_settings(extra)})
     futures = admin.create_topics(
-        [NewTopic(topic, 1, 1, config={"cleanup.policy": "compact"})],
+        # replication -1: the broker's default. With 1, the positions of every group
+        # would sit on one broker of a replicated cluster: its loss would block every
+        # Kafka-sink transaction (and brokers before Kafka 4.0 refuse acks=all writes
+        # to it when min.insync.replicas is 2).
+        [NewTopic(topic, 1, -1, config={"cleanup.policy": "compact"})],
         operation_timeout=timeout,
         request_timeout=timeout,
     )

@@ -1,0 +1,295 @@
+"""``make mutate``: run every mutant against the kill chain, at most two at a time.
+
+A mutant runs the chain of :mod:`model_checks.mutation.config` (its module's
+focused unit tests, then :data:`~model_checks.mutation.config.KILL_CHECKS`) and
+stops at the first check that fails. Before any mutant, the whole chain runs
+once on the unmutated tree under ``coverage``: every check must pass there
+(else the run stops with the failing check named), its time sets that check's
+limit (``TIMEOUT_FACTOR`` times the baseline, plus ``TIMEOUT_SLACK``), and the
+lines it executes select the mutants it runs for. A check that never executes
+any line a mutant changed behaves the same on the mutant (the run up to that
+line is the same, and it never gets there, since the checks are
+deterministic), so it is not run for that mutant (``uncovered``). A check over
+its limit marks the mutant ``timeout``, which counts as detected.
+
+Results are appended to ``build/mutation/results.jsonl`` as they come, so
+``--resume`` skips mutants already run with the same diff and chain.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import queue
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from coverage import CoverageData
+
+from htmqc.errors import RuntimeFailure
+from model_checks.mutation.config import KILL_CHECKS, Command, focused_tests
+from model_checks.mutation.execute import Outcome, run_command
+from model_checks.mutation.mutants import Mutant
+from model_checks.mutation.shadow import Shadow
+
+#: Modules whose mutants run first (the offset logic), so a run cut short
+#: has measured what matters most; the rest follow in file order.
+FIRST = ("partition.py", "consumer.py")
+TIMEOUT_FACTOR = 4.0
+TIMEOUT_SLACK = 30.0
+
+Status = Literal["killed", "timeout", "survived", "equivalent"]
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """What became of one mutant."""
+
+    id: str
+    key: str
+    file: str
+    line: int
+    function: str
+    operator: str
+    diff: str
+    status: Status
+    killed_by: str | None
+    seconds: float
+    checks: list[dict[str, Any]]
+    chain: str
+    reason: str | None = None
+
+
+def chain_for(mutant_file: Path) -> list[Command]:
+    """The checks a mutant of ``mutant_file`` runs, in order."""
+    focused = focused_tests(mutant_file)
+    return [*([focused] if focused else []), *KILL_CHECKS]
+
+
+def chain_digest(chain: Iterable[Command]) -> str:
+    """A fingerprint of the checks (names and arguments): results of another
+    chain are not reused by ``--resume``."""
+    text = json.dumps([[c.name, *c.argv] for c in chain])
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    """Each check's time and executed lines on the unmutated tree, keyed by
+    :func:`argv_key`; ``lines[key][file]`` are line numbers of ``file`` (a path
+    relative to the repository root)."""
+
+    seconds: dict[str, float]
+    lines: dict[str, dict[str, frozenset[int]]]
+
+    def limit(self, command: Command) -> float:
+        """The time limit of ``command``."""
+        return TIMEOUT_FACTOR * self.seconds.get(argv_key(command), 60.0) + TIMEOUT_SLACK
+
+    def covers(self, command: Command, mutant: Mutant) -> bool:
+        """Whether ``command`` executes a line of the node ``mutant`` changed (True if
+        not measured). The node's lines, not only the changed ones: the first line
+        of a multi-line condition (``if (``) holds no bytecode of its own."""
+        measured = self.lines.get(argv_key(command))
+        if measured is None:
+            return True
+        executed = measured.get(mutant.file, frozenset())
+        first = min(mutant.line, mutant.node_lines[0])
+        last = max(mutant.last_line, mutant.node_lines[1])
+        return any(n in executed for n in range(first, last + 1))
+
+
+def argv_key(command: Command) -> str:
+    return " ".join(command.argv)
+
+
+def baseline(files: Iterable[str], shadow: Shadow) -> Baseline:
+    """Run every chain on the unmutated tree, under ``coverage``.
+
+    :raises RuntimeFailure: a check fails without any mutant.
+    """
+    seconds: dict[str, float] = {}
+    lines: dict[str, dict[str, frozenset[int]]] = {}
+    for rel in sorted(set(files)):
+        for command in chain_for(Path(rel)):
+            key = argv_key(command)
+            if key in seconds:
+                continue
+            data = shadow.work / f"coverage-{len(seconds)}"
+            measured = replace(command, argv=(
+                "-m", "coverage", "run", f"--data-file={data}",
+                f"--include={shadow.src}/*", *command.argv))
+            outcome = run_command(measured, shadow, shadow.path_of(rel), timeout=3600)
+            if outcome.verdict in ("fail", "timeout"):
+                raise RuntimeFailure(
+                    f"check {command.name} fails on the unmutated tree: {outcome.tail[-200:]}",
+                    "make it pass before measuring mutants",
+                )
+            seconds[key] = outcome.seconds
+            if outcome.verdict == "pass":
+                lines[key] = _executed(data, shadow)
+            print(f"baseline {command.name:<12} {outcome.verdict:<8} {outcome.seconds:6.1f}s",
+                  flush=True)
+    return Baseline(seconds, lines)
+
+
+def _executed(data: Path, shadow: Shadow) -> dict[str, frozenset[int]]:
+    covered = CoverageData(basename=str(data))
+    covered.read()
+    out = {}
+    for name in covered.measured_files():
+        rel = Path("src") / Path(name).relative_to(shadow.src)
+        out[str(rel)] = frozenset(covered.lines(name) or ())
+    return out
+
+
+def decide(
+    outcomes: Sequence[Outcome], compiles: bool, reason: str | None
+) -> tuple[Status, str | None]:
+    """A mutant's status and the check that detected it, from what its checks said.
+
+    A mutant that does not compile is killed by ``syntax``; the first check that
+    fails kills it (``timeout`` if it ran out of time); a survivor whose key is
+    in the equivalence file (``reason`` not ``None``) is ``equivalent``."""
+    if not compiles:
+        return "killed", "syntax"
+    for outcome in outcomes:
+        if outcome.detects:
+            return ("timeout" if outcome.verdict == "timeout" else "killed"), outcome.name
+    return ("equivalent" if reason is not None else "survived"), None
+
+
+def problems(results: Iterable[Result], listed: Mapping[str, str]) -> list[str]:
+    """One line per reason to fail: a survivor not listed as equivalent, or a
+    mutant listed as equivalent that a check detected."""
+    out = []
+    for r in results:
+        if r.status == "survived":
+            out.append(f"SURVIVED {r.key}")
+        elif r.status in ("killed", "timeout") and r.key in listed:
+            out.append(f"LISTED AS EQUIVALENT BUT {r.status.upper()} by {r.killed_by}: {r.key}; "
+                       "remove it from equivalent.toml")
+    return out
+
+
+def try_mutant(
+    mutant: Mutant, shadow: Shadow, base: Baseline, equivalent: dict[str, str]
+) -> Result:
+    """Run ``mutant`` through its chain until a check detects it."""
+    chain = chain_for(Path(mutant.file))
+    started = time.monotonic()
+    outcomes: list[Outcome] = []
+    if mutant.compiles:
+        with shadow.mutated(mutant.file, mutant.source) as path:
+            for command in chain:
+                if not base.covers(command, mutant):
+                    outcomes.append(Outcome(command.name, "uncovered", 0.0))
+                    continue
+                outcome = run_command(command, shadow, path, base.limit(command))
+                outcomes.append(outcome)
+                if outcome.detects:
+                    break
+    reason = equivalent.get(mutant.key)
+    status, killer = decide(outcomes, mutant.compiles, reason)
+    return Result(
+        id=mutant.id,
+        key=mutant.key,
+        file=mutant.file,
+        line=mutant.line,
+        function=mutant.function,
+        operator=mutant.operator,
+        diff=mutant.diff,
+        status=status,
+        killed_by=killer,
+        seconds=round(time.monotonic() - started, 2),
+        checks=[
+            {"name": o.name, "verdict": o.verdict, "seconds": round(o.seconds, 2)}
+            for o in outcomes
+        ],
+        chain=chain_digest(chain),
+        reason=reason if status == "equivalent" else None,
+    )
+
+
+def load_previous(path: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """Earlier results keyed by ``(key, diff, chain)``."""
+    if not path.exists():
+        return {}
+    out = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            out[(row["key"], row["diff"], row["chain"])] = row
+    return out
+
+
+def run_all(
+    mutants: list[Mutant],
+    equivalent: dict[str, str],
+    results_path: Path,
+    workers: int = 2,
+    resume: bool = False,
+    echo: Callable[[str], None] = print,
+    cached_only: bool = False,
+) -> tuple[list[Result], dict[str, float]]:
+    """Every mutant, on ``workers`` shadow trees; returns the results in
+    ``mutants`` order and the baseline times. ``cached_only``: run nothing,
+    return only the mutants an earlier run measured."""
+    previous = load_previous(results_path) if resume else {}
+    results_path.parent.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        results_path.write_text("")
+    with tempfile.TemporaryDirectory(prefix="htmqc-mutate-") as tmp:
+        shadows: queue.Queue[Shadow] = queue.Queue()
+        for n in range(workers):
+            shadows.put(Shadow(Path(tmp) / f"w{n}"))
+        done: dict[str, Result] = {}
+        todo = []
+        for m in mutants:
+            row = previous.get((m.key, m.diff, chain_digest(chain_for(Path(m.file)))))
+            if row is not None and row["status"] in ("survived", "equivalent") and not any(
+                c["verdict"] in ("pass", "fail", "timeout") for c in row["checks"]
+            ):
+                row = None  # no check ran: coverage is decided again (the rule may have changed)
+            if row is None:
+                todo.append(m)
+                continue
+            # the equivalence list may have changed since
+            reason = equivalent.get(m.key)
+            status, killer = decide([Outcome(**c) for c in row["checks"]], True, reason)
+            if row["killed_by"] == "syntax":
+                status, killer = "killed", "syntax"
+            done[m.id] = Result(**{**row, "status": status, "killed_by": killer,
+                                   "reason": reason if status == "equivalent" else None})
+        if cached_only:
+            todo = []
+        todo.sort(key=lambda m: FIRST.index(Path(m.file).name)
+                  if Path(m.file).name in FIRST else len(FIRST))
+        echo(f"mutate: {len(mutants)} mutants, {len(done)} from an earlier run, "
+             f"{len(todo)} to run on {workers} worker(s)")
+        base = Baseline({}, {})
+        if todo:
+            first = shadows.get()
+            base = baseline((m.file for m in todo), first)
+            shadows.put(first)
+
+        def work(m: Mutant) -> Result:
+            shadow = shadows.get()
+            try:
+                return try_mutant(m, shadow, base, equivalent)
+            finally:
+                shadows.put(shadow)
+
+        with ThreadPoolExecutor(max_workers=workers) as pool, results_path.open("a") as log:
+            for n, result in enumerate(pool.map(work, todo), start=1):
+                done[result.id] = result
+                log.write(json.dumps(asdict(result)) + "\n")
+                log.flush()
+                echo(f"[{n}/{len(todo)}] {result.status:<10} {result.killed_by or '-':<12} "
+                     f"{result.seconds:6.1f}s {result.key}")
+    return [done[m.id] for m in mutants if m.id in done], base.seconds

@@ -1,0 +1,323 @@
+"""The failure decision: its rule table, the engine's old decision, the lifecycle.
+
+Three layers: every combination of the table's facts, built into concrete
+inputs, answers the first rule that holds (and what the pre-issue-16 engine
+answered, restated in ``model_checks/reference_failures.py``); random inputs
+agree with that reference; and a Hypothesis state machine runs failures,
+retries, hand-offs and dead letters through :class:`ConsumerCore` beside the
+naive :class:`~model_checks.reference.ReferenceConsumer` and compares their
+whole observable state after every step.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import fields
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from htmqc.core import (
+    ConsumerCore,
+    DeadLetter,
+    DeadLetterKind,
+    Failure,
+    FailureKind,
+    HandOff,
+    MessageState,
+    RetryAt,
+    RetryPolicy,
+    RetryTopic,
+)
+from htmqc.core.failures import OTHERWISE, RULES, Facts, Later, decide
+from model_checks import reference_failures
+from model_checks.reference import ReferenceConsumer
+
+TP = ("t", 0)
+TOPIC = "t.retry"
+FACT_NAMES = [f.name for f in fields(Facts)]
+
+
+def answer(decision: RetryAt | HandOff | DeadLetter) -> tuple[object, ...]:
+    """A core decision in the reference's vocabulary."""
+    if isinstance(decision, RetryAt):
+        return ("retry", decision.at, decision.attempt)
+    if isinstance(decision, HandOff):
+        return ("hand_off", decision.topic, decision.due, decision.attempt)
+    return ("dead_letter", decision.kind.value, decision.attempts)
+
+
+def reference(
+    failure: Failure,
+    *,
+    attempts: int,
+    retry: RetryPolicy,
+    retry_topic: RetryTopic | None,
+    now: float,
+    jitter: float,
+    held_for: float | None,
+) -> tuple[object, ...]:
+    return reference_failures.decide(
+        classified=failure.kind.value,
+        poison=failure.poison,
+        fatal=failure.fatal,
+        too_large=failure.too_large,
+        prior=failure.prior_attempts,
+        failures_here=attempts - failure.prior_attempts,
+        max_retries=retry.max_retries,
+        base=retry.base_delay,
+        cap=retry.max_delay,
+        retry_topic=retry_topic.name if retry_topic else None,
+        min_delay=retry_topic.min_delay if retry_topic else 0.0,
+        now=now,
+        jitter=jitter,
+        held_for=held_for,
+    )
+
+
+# -- the table, every combination of its facts ---------------------------------------------
+
+
+def first_rule(values: dict[str, bool]) -> DeadLetterKind | Later:
+    """What the table says: the outcome of the first rule whose fact holds."""
+    return next((out for name, out in RULES if values[name]), OTHERWISE)
+
+
+# Each combination is built three ways where it can be: `to_topic` holds because
+# the message came from the retry topic or because its backoff is long enough,
+# and fails with a short backoff or with no retry topic at all.
+COMBINATIONS = [
+    (dict(zip(FACT_NAMES, bits, strict=True)), how)
+    for bits in itertools.product([False, True], repeat=len(FACT_NAMES))
+    for how in ("record", "delay", "no_topic")
+    if not (how == "no_topic" and bits[FACT_NAMES.index("to_topic")])
+    and not (how == "record" and not bits[FACT_NAMES.index("to_topic")])
+]
+
+
+@pytest.mark.parametrize(("values", "how"), COMBINATIONS)
+def test_every_combination_of_facts_follows_the_first_rule_that_holds(
+    values: dict[str, bool], how: str
+) -> None:
+    retry = RetryPolicy(max_retries=2, base_delay=1.0, max_delay=8.0)
+    record = how == "record"
+    prior = 1 if record else 0
+    attempts = 3 if values["spent"] else 2
+    min_delay = 0.0 if values["to_topic"] and not record else 99.0
+    topic = None if how == "no_topic" else RetryTopic(name=TOPIC, min_delay=min_delay)
+    failure = Failure(
+        kind=FailureKind.PERMANENT if values["permanent"] else FailureKind.RETRYABLE,
+        poison=values["poison"],
+        too_large=values["too_large"],
+        from_retry_topic=record,
+        prior_attempts=prior,
+    )
+    held_for = 2.5 if values["held"] else None
+    decision = decide(
+        failure,
+        tp=TP,
+        epoch=1,
+        offset=7,
+        attempts=attempts,
+        retry=retry,
+        retry_topic=topic,
+        now=100.0,
+        jitter=0.5,
+        held_for=held_for,
+    )
+    expected = first_rule(values)
+    delay = retry.delay(attempts, 0.5)
+    if isinstance(expected, DeadLetterKind):
+        assert decision == DeadLetter(tp=TP, epoch=1, offset=7, attempts=attempts, kind=expected)
+    elif expected is Later.HOLD:
+        assert decision == RetryAt(tp=TP, epoch=1, offset=7, attempt=attempts, at=102.5)
+    elif expected is Later.HAND_OFF:
+        assert decision == HandOff(
+            tp=TP, epoch=1, offset=7, topic=TOPIC, attempt=attempts, due=100.0 + delay
+        )
+    else:
+        assert decision == RetryAt(tp=TP, epoch=1, offset=7, attempt=attempts, at=100.0 + delay)
+    kw = {"retry": retry, "retry_topic": topic, "now": 100.0, "jitter": 0.5}
+    assert answer(decision) == reference(failure, attempts=attempts, held_for=held_for, **kw)
+
+
+def test_a_fatal_error_is_poison_like_the_detectors_verdict() -> None:
+    decision = decide(
+        Failure(fatal=True),
+        tp=TP, epoch=1, offset=0, attempts=1, retry=RetryPolicy(), retry_topic=None,
+        now=0.0, jitter=0.0,
+    )
+    assert isinstance(decision, DeadLetter) and decision.kind is DeadLetterKind.POISON
+
+
+# -- random inputs against the engine's old decision ------------------------------------------
+
+policies = st.builds(
+    lambda n, base, extra: RetryPolicy(max_retries=n, base_delay=base, max_delay=base + extra),
+    st.integers(0, 6),
+    st.floats(0, 10),
+    st.floats(0, 50),
+)
+topics = st.none() | st.builds(
+    lambda d: RetryTopic(name=TOPIC, min_delay=d), st.floats(0, 60)
+)
+
+
+@st.composite
+def failures(draw: st.DrawFn, topic: RetryTopic | None) -> Failure:
+    from_topic = topic is not None and draw(st.booleans())
+    return Failure(
+        kind=draw(st.sampled_from(FailureKind)),
+        poison=draw(st.booleans()),
+        fatal=draw(st.integers(0, 5)) == 0,
+        too_large=draw(st.integers(0, 5)) == 0,
+        from_retry_topic=from_topic,
+        # the engine told retry-topic records apart by their attempt header
+        prior_attempts=draw(st.integers(1, 3)) if from_topic else 0,
+    )
+
+
+@given(
+    data=st.data(),
+    retry=policies,
+    topic=topics,
+    here=st.integers(1, 4),
+    now=st.floats(0, 1e9),
+    jitter=st.floats(0, 1),
+    held_for=st.none() | st.floats(0, 120),
+)
+def test_the_decision_is_the_engines_old_one_plus_the_breaker_hold(
+    data: st.DataObject,
+    retry: RetryPolicy,
+    topic: RetryTopic | None,
+    here: int,
+    now: float,
+    jitter: float,
+    held_for: float | None,
+) -> None:
+    failure = data.draw(failures(topic))
+    attempts = here + failure.prior_attempts
+    got = decide(
+        failure, tp=TP, epoch=1, offset=0, attempts=attempts, retry=retry, retry_topic=topic,
+        now=now, jitter=jitter, held_for=held_for,
+    )
+    kw = {"retry": retry, "retry_topic": topic, "now": now, "jitter": jitter}
+    assert answer(got) == reference(failure, attempts=attempts, held_for=held_for, **kw)
+
+
+def test_bad_failure_values_are_refused() -> None:
+    with pytest.raises(ValueError, match="retry-topic record only"):
+        Failure(prior_attempts=2)
+    with pytest.raises(ValueError, match=">= 0"):
+        Failure(from_retry_topic=True, prior_attempts=-1)
+    with pytest.raises(ValueError, match="min_delay"):
+        RetryTopic(name=TOPIC, min_delay=-1.0)
+
+
+# -- the decision inside the core, against the reference consumer -----------------------------
+
+class FailuresVersusReference(RuleBasedStateMachine):
+    """One partition's messages fail, retry, go to the retry topic or the DLQ, in
+    :class:`ConsumerCore` and in the reference consumer plus the reference decision."""
+
+    @initialize(retry=policies, topic=topics, from_topic=st.booleans())
+    def setup(self, retry: RetryPolicy, topic: RetryTopic | None, from_topic: bool) -> None:
+        self.retry = retry
+        self.topic = topic
+        # the partition is the retry topic's own: its records carry prior attempts
+        self.from_topic = from_topic and topic is not None
+        self.core = ConsumerCore(retry, retry_topic=topic)
+        self.ref = ReferenceConsumer(max_retries=retry.max_retries)
+        self.epoch = self.core.assign(TP, 0)
+        assert self.ref.assign(TP, 0) == self.epoch
+        self.here: dict[int, int] = {}
+        self.reports: dict[int, str] = {}  # offset -> the event that finishes it
+        self.now = 0.0
+
+    def in_state(self, state: str) -> list[int]:
+        return sorted(o for o, s in self.ref.parts[TP].states.items() if s == state)
+
+    def prior(self, offset: int) -> int:
+        """Failures recorded on the record (a retry topic's records carry some)."""
+        return offset % 4 + 1 if self.from_topic else 0
+
+    @rule(n=st.integers(1, 3))
+    def fetch(self, n: int) -> None:
+        start = self.ref.parts[TP].next
+        batch = list(range(start, start + n))
+        assert list(self.core.fetched(TP, self.epoch, batch)) == self.ref.fetched(
+            TP, self.epoch, batch
+        )
+
+    @precondition(lambda self: self.in_state("Pending") or self.in_state("Retrying"))
+    @rule(data=st.data())
+    def start(self, data: st.DataObject) -> None:
+        o = data.draw(st.sampled_from(self.in_state("Pending") + self.in_state("Retrying")))
+        if self.ref.parts[TP].states[o] == "Pending":
+            ok = self.core.started(TP, self.epoch, o)
+            assert ok == self.ref.event("started", TP, self.epoch, [o])
+        else:
+            assert self.core.retry_due(TP, self.epoch, o) == self.ref.event(
+                "retry_due", TP, self.epoch, [o]
+            )
+
+    @precondition(lambda self: self.in_state("Processing"))
+    @rule(data=st.data())
+    def succeed(self, data: st.DataObject) -> None:
+        o = data.draw(st.sampled_from(self.in_state("Processing")))
+        ok = self.core.succeeded(TP, self.epoch, o)
+        assert ok == self.ref.event("succeeded", TP, self.epoch, [o])
+
+    @precondition(lambda self: self.in_state("Processing"))
+    @rule(
+        data=st.data(),
+        kind=st.sampled_from(FailureKind),
+        flags=st.tuples(st.booleans(), st.integers(0, 7), st.integers(0, 7)),
+        jitter=st.floats(0, 1),
+        held_for=st.none() | st.floats(0, 60),
+    )
+    def fail(self, data, kind, flags, jitter, held_for) -> None:
+        o = data.draw(st.sampled_from(self.in_state("Processing")))
+        poison, fatal, too_large = flags[0], flags[1] == 0, flags[2] == 0
+        failure = Failure(
+            kind=kind, poison=poison, fatal=fatal, too_large=too_large,
+            from_retry_topic=self.from_topic, prior_attempts=self.prior(o),
+        )
+        decision = self.core.failed(TP, self.epoch, o, failure, self.now, jitter, held_for=held_for)
+        assert self.ref.event("failed", TP, self.epoch, [o])
+        self.here[o] = self.here.get(o, 0) + 1
+        expected = reference(
+            failure, attempts=self.here[o] + self.prior(o), retry=self.retry,
+            retry_topic=self.topic, now=self.now, jitter=jitter, held_for=held_for,
+        )
+        assert decision is not None and answer(decision) == expected
+        if expected[0] == "retry":
+            assert self.ref.event("retry_scheduled", TP, self.epoch, [o])
+        else:
+            self.reports[o] = "handed_off" if expected[0] == "hand_off" else "dead_lettered"
+        self.now += 1.0
+
+    @precondition(lambda self: self.in_state("Failed"))
+    @rule(data=st.data())
+    def report(self, data: st.DataObject) -> None:
+        """The runtime wrote the hand-off or the dead letter; the offset finishes."""
+        o = data.draw(st.sampled_from(self.in_state("Failed")))
+        event = self.reports.pop(o)
+        method = self.core.handed_off if event == "handed_off" else self.core.dead_lettered
+        assert method(TP, self.epoch, o) == self.ref.event(event, TP, self.epoch, [o])
+        self.here.pop(o, None)
+
+    @invariant()
+    def SameObservableState(self) -> None:
+        assert self.core.snapshot() == self.ref.snapshot()
+
+    @invariant()
+    def FailedOnlyWhileAReportIsDue(self) -> None:
+        live = self.core.tracker(TP).in_flight()
+        failed = sorted(o for o, s in live.items() if s is MessageState.FAILED)
+        assert failed == sorted(self.reports)
+
+
+TestFailuresVersusReference = pytest.mark.formal(FailuresVersusReference.TestCase)

@@ -1,0 +1,308 @@
+"""The mutation harness itself: exact application, equivalence, reports, shadowing.
+
+Fast: no mutation run. The last test applies one catalogue bug and runs one
+cheap layer against it, so it fails if that layer (or the shadow tree that
+puts the mutated copy first) is broken.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from htmqc.errors import UsageError
+from model_checks.mutation import config, equivalent, kill, report
+from model_checks.mutation.catalogue import CATALOGUE, Bug
+from model_checks.mutation.catalogue_run import apply_bug, merge, run_catalogue, select
+from model_checks.mutation.execute import Outcome
+from model_checks.mutation.mutants import Mutant, generate
+from model_checks.mutation.shadow import Shadow
+
+ROOT = config.ROOT
+PARTITION = "src/htmqc/core/partition.py"
+
+
+def _bug(**changes: object) -> Bug:
+    base = next(b for b in CATALOGUE if b.name == "commit-hands-out-next")
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+# -- exact application ----------------------------------------------------------------
+
+
+def test_every_catalogue_bug_changes_exactly_one_line() -> None:
+    for bug in CATALOGUE:
+        before = (ROOT / bug.file).read_text().splitlines()
+        after = apply_bug((ROOT / bug.file).read_text(), bug).splitlines()
+        changed = [(a, b) for a, b in zip(before, after, strict=True) if a != b]
+        assert len(changed) == 1, bug.name
+        assert changed[0][0].strip() == bug.old and changed[0][1].strip() == bug.new, bug.name
+        indent = len(changed[0][0]) - len(changed[0][0].lstrip())
+        assert changed[0][1][:indent].strip() == "", f"{bug.name}: indentation lost"
+
+
+def test_catalogue_names_are_unique_and_at_least_twenty() -> None:
+    names = [b.name for b in CATALOGUE]
+    assert len(names) == len(set(names)) >= 20
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"old": "self._requested = self._next"}, "is on 0 lines"),
+        ({"function": "PartitionTracker.nowhere"}, "no function PartitionTracker.nowhere"),
+        ({"new": "return self._next +"}, "does not compile"),
+    ],
+)
+def test_a_bad_bug_is_one_line_error(changes: dict[str, str], message: str) -> None:
+    text = (ROOT / PARTITION).read_text()
+    bug = _bug(**changes)
+    with pytest.raises(UsageError) as caught:
+        apply_bug(text, bug)
+    assert message in caught.value.line()
+    assert "\n" not in caught.value.line()
+
+
+def test_an_old_text_on_two_lines_is_refused() -> None:
+    bug = _bug(function="<module>", old="self._unsent = True", new="self._unsent = False")
+    with pytest.raises(UsageError, match="is on 3 lines"):
+        apply_bug((ROOT / PARTITION).read_text(), bug)
+
+
+def test_unknown_names_are_refused() -> None:
+    with pytest.raises(UsageError, match="no catalogue entry nope"):
+        select(["nope"], None)
+    with pytest.raises(UsageError, match="no layer nope"):
+        select(None, ["nope"])
+
+
+# -- mutant identity --------------------------------------------------------------------
+
+MODULE = '''
+def f(a: int | None, b: int) -> int:
+    if a is None:
+        return b + 1
+    return a + b
+'''
+
+
+def test_mutant_keys_survive_edits_that_move_lines(tmp_path: Path) -> None:
+    mod = tmp_path / "m.py"
+    mod.write_text(MODULE)
+    first = generate([mod], tmp_path / "s1.sqlite", root=tmp_path).mutants
+    mod.write_text('"""Docs."""\n\nX = 1\n' + MODULE)
+    second = generate([mod], tmp_path / "s2.sqlite", root=tmp_path).mutants
+    keys = {m.key for m in first}
+    assert keys and keys <= {m.key for m in second}
+    assert {m.line for m in first}.isdisjoint({m.line for m in second if m.key in keys})
+    assert all(m.key.startswith("m.py::f::") for m in first)
+
+
+def test_annotations_are_not_mutated(tmp_path: Path) -> None:
+    mod = tmp_path / "m.py"
+    mod.write_text("from __future__ import annotations\n" + MODULE)
+    generated = generate([mod], tmp_path / "s.sqlite", root=tmp_path)
+    assert generated.left_out.get("annotations", 0) > 0
+    assert not any("int | None" in m.old for m in generated.mutants)
+
+
+def test_contracts_are_not_mutated(tmp_path: Path) -> None:
+    mod = tmp_path / "m.py"
+    mod.write_text(
+        "import icontract\n\n"
+        "def tracker_invariant(x: int) -> bool:\n    return x > 0\n\n"
+        "@icontract.ensure(lambda result: result > 0)\n"
+        "def g(x: int) -> int:\n    return x + 1\n"
+    )
+    generated = generate([mod], tmp_path / "s.sqlite", root=tmp_path)
+    assert generated.left_out.get("contracts", 0) >= 2
+    assert {m.function for m in generated.mutants} == {"g"}
+
+
+def test_a_check_runs_when_it_executes_any_line_of_the_mutated_node() -> None:
+    check = config.KILL_CHECKS[1]
+    base = kill.Baseline({}, {kill.argv_key(check): {PARTITION: frozenset({246, 300})}})
+
+    def mutant(line: int, node: tuple[int, int]) -> Mutant:
+        return Mutant("i", PARTITION, line, line, node, "f", "AddNot", "if (", "if not (",
+                      "", "k", True, "")
+
+    assert base.covers(check, mutant(245, (245, 250)))  # `if (` has no bytecode itself
+    assert not base.covers(check, mutant(245, (245, 245)))
+    assert base.covers(check, mutant(300, (300, 300)))
+    assert base.covers(config.KILL_CHECKS[0], mutant(245, (245, 245)))  # not measured
+
+
+# -- equivalence ------------------------------------------------------------------------
+
+
+def test_the_equivalence_file_is_honoured(tmp_path: Path) -> None:
+    listed = tmp_path / "eq.toml"
+    listed.write_text('[[equivalent]]\nkey = "k1"\nreason = "same either way"\n')
+    reasons = equivalent.load(listed)
+    assert reasons == {"k1": "same either way"}
+    passed = [Outcome("unit", "pass", 1.0)]
+    assert kill.decide(passed, True, reasons.get("k1")) == ("equivalent", None)
+    assert kill.decide(passed, True, reasons.get("k2")) == ("survived", None)
+    failed = [Outcome("unit", "pass", 1.0), Outcome("proofs", "fail", 1.0)]
+    assert kill.decide(failed, True, None) == ("killed", "proofs")
+    assert kill.decide([Outcome("unit", "timeout", 9.0)], True, None) == ("timeout", "unit")
+    assert kill.decide([], False, None) == ("killed", "syntax")
+
+
+def test_survivors_and_wrong_claims_fail_the_run() -> None:
+    def result(key: str, status: kill.Status) -> kill.Result:
+        return kill.Result(key, key, "f.py", 1, "f", "op", "", status, None, 0.0, [], "c")
+
+    listed = {"eq": "same", "claimed": "same"}
+    rows = [result("eq", "equivalent"), result("ok", "killed"), result("s", "survived"),
+            result("claimed", "killed")]
+    lines = kill.problems(rows, listed)
+    assert [line.split()[0] for line in lines] == ["SURVIVED", "LISTED"]
+    assert kill.problems(rows[:2], listed) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[[equivalent]]\nkey = "k"\n', "needs a one-line reason"),
+        ('[[equivalent]]\nreason = "r"\n', "has no key"),
+        ('[[equivalent]]\nkey = "k"\nreason = "r"\n[[equivalent]]\nkey = "k"\nreason = "r"\n',
+         "listed twice"),
+        ("[[equivalent]\n", "not valid TOML"),
+    ],
+)
+def test_a_bad_equivalence_file_is_one_line_error(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "eq.toml"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=message):
+        equivalent.load(path)
+
+
+def test_the_committed_equivalence_file_loads() -> None:
+    assert all(r.strip() for r in equivalent.load().values())
+
+
+# -- reports and README sections --------------------------------------------------------
+
+
+def _mutation_report() -> dict[str, object]:
+    rows = [
+        {"file": PARTITION, "function": "PartitionTracker.fetched", "status": "killed",
+         "killed_by": "focused"},
+        {"file": PARTITION, "function": "PartitionTracker.fetched", "status": "survived",
+         "killed_by": None},
+        {"file": "src/htmqc/core/retry.py", "function": "RetryPolicy.delay",
+         "status": "equivalent", "killed_by": None},
+    ]
+    return {"tool": "Cosmic Ray 8.7.0", "workers": 2, "wall_seconds": 600.0, "sources": "s1",
+            "left_out": {"annotations": 3}, "skipped_checks": ["vectors"],
+            "summary": report.summary(rows), "mutants": rows}
+
+
+def test_summary_counts_equivalents_out_of_the_score() -> None:
+    s = _mutation_report()["summary"]
+    assert isinstance(s, dict)
+    assert (s["mutants"], s["killed"], s["survived"], s["equivalent"]) == (3, 1, 1, 1)
+    assert s["score"] == 0.5
+
+
+def test_readme_sections_round_trip(tmp_path: Path) -> None:
+    data = _mutation_report()
+    catalogue = {"layers": ["vectors", "tests-core"], "wall_seconds": 60.0, "sources": "s2",
+                 "notes": [], "entries": [{"name": "b", "expected": ["tests-core"],
+                 "layers": {"vectors": "skipped", "tests-core": "fail"},
+                 "caught_by": ["tests-core"]}]}
+    paths = {"mutation": tmp_path / "r.json", "mutation-catalogue": tmp_path / "c.json"}
+    report.write_json(paths["mutation"], data)
+    report.write_json(paths["mutation-catalogue"], catalogue)
+    sections = {name: (paths[name], report.SECTIONS[name][1], "make it") for name in paths}
+    readme = tmp_path / "README.md"
+    readme.write_text("# Spec\n\nprose\n")
+    sources = {"mutation": "s1", "mutation-catalogue": "s2"}
+    assert len(report.stale_sections(sources, readme, sections)) == 2  # blocks missing
+    for name in paths:
+        readme.write_text(report.with_block(readme.read_text(), name,
+                                            sections[name][1](report.read_json(paths[name], "x"))))
+    assert readme.read_text().startswith("# Spec\n\nprose\n")
+    assert report.stale_sections(sources, readme, sections) == []
+    body = report.block_body(readme.read_text(), "mutation")
+    assert body is not None and "`partition.py` `PartitionTracker.fetched`: 1" in body
+    assert report.with_block(readme.read_text(), "mutation", body) == readme.read_text()
+    updated = report.with_block(readme.read_text(), "mutation", "new body")
+    assert report.block_body(updated, "mutation") == "new body"
+    assert updated.count("BEGIN GENERATED: mutation -->") == 1
+    assert report.stale_sections({**sources, "mutation": "other"}, readme, sections)
+    readme.write_text(readme.read_text().replace("| 50.0% |", "| 99.0% |", 1))
+    assert any("differs" in p for p in report.stale_sections(sources, readme, sections))
+
+
+def test_a_layer_run_again_is_merged_into_the_catalogue() -> None:
+    def entry(name: str, layers: dict[str, str]) -> dict[str, object]:
+        caught = [n for n, v in layers.items() if v == "fail"]
+        return {"name": name, "layers": layers, "caught_by": caught, "expected": []}
+
+    first, second = CATALOGUE[0].name, CATALOGUE[1].name
+    old = {"sources": "s", "layers": ["proofs", "tests-core"], "wall_seconds": 10.0,
+           "notes": ["Layer formal fails on the unmutated tree: not counted."],
+           "entries": [entry(first, {"proofs": "pass", "tests-core": "fail"}),
+                       entry(second, {"proofs": "pass", "tests-core": "fail"})]}
+    new = {"sources": "s", "layers": ["formal"], "wall_seconds": 5.0, "notes": [],
+           "entries": [entry(second, {"formal": "fail"})]}
+    merged = merge(old, new)
+    assert merged["layers"] == ["proofs", "formal", "tests-core"]
+    assert [e["caught_by"] for e in merged["entries"]] == [["tests-core"],
+                                                           ["tests-core", "formal"]]
+    assert merged["entries"][1]["layers"] == {"proofs": "pass", "tests-core": "fail",
+                                              "formal": "fail"}
+    assert merged["notes"] == [] and merged["wall_seconds"] == 15.0 and merged["partial"]
+    assert merge({**old, "sources": "other"}, new) == new
+
+
+# -- shadow tree and one real layer -----------------------------------------------------
+
+
+def test_pending_modules_are_skipped_only_while_absent(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "plain.py").write_text("X = 1\n")
+    (tmp_path / "guarded.py").write_text('if __name__ == "__main__":\n    pass\n')
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "__main__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert not config.has_entry_point("plain")
+    assert config.has_entry_point("guarded") and config.has_entry_point("pkg")
+    assert not config.has_entry_point("no_such_module_here")
+    monkeypatch.setattr(config, "PENDING", frozenset({"plain", "guarded"}))
+    assert config.Command("a", (), "plain").pending()
+    assert not config.Command("b", (), "guarded").pending()
+    assert not config.Command("c", (), "no_such_module_here").pending()  # not tolerated
+
+
+def test_checks_import_the_mutated_copy_even_under_pytest(tmp_path: Path) -> None:
+    shadow = Shadow(tmp_path / "w")
+    rel = "src/htmqc/core/lifecycle.py"
+    original = (ROOT / rel).read_text()
+    probe = tmp_path / "probe_test.py"
+    probe.write_text("import htmqc.core.lifecycle as m\n\n"
+                     "def test_mutated() -> None:\n    assert m.MARK == 1\n")
+    with shadow.mutated(rel, original + "\nMARK = 1\n"):
+        proc = subprocess.run(
+            [sys.executable, *config.PYTEST, "--rootdir", str(ROOT), "-c",
+             str(ROOT / "pyproject.toml"), str(probe)],
+            cwd=shadow.work, env=shadow.env(), capture_output=True, text=True,
+        )
+        assert proc.returncode == 0, proc.stdout[-800:]
+    assert shadow.path_of(rel).read_text() == original
+    assert (ROOT / rel).read_text() == original
+
+
+def test_one_bug_is_caught_by_one_cheap_layer() -> None:
+    bugs, layers = select(["commit-hands-out-next"], ["spec-tests"])
+    data = run_catalogue(bugs, layers, timeout=300, workers=1)
+    assert data["notes"] == []  # the layer passes on the unmutated tree
+    assert data["entries"][0]["caught_by"] == ["spec-tests"]
