@@ -174,7 +174,12 @@ def test_sigterm_with_a_slow_handler_exactly_once(
 
 @pytest.mark.parametrize(
     ("mode", "seconds"),
-    [("at-least-once", 2.0), ("at-least-once", 30.0), ("exactly-once", 2.0)],
+    [
+        ("at-least-once", 2.0),
+        ("at-least-once", 30.0),
+        ("exactly-once", 2.0),
+        ("exactly-once", 30.0),  # the open transaction is rolled back, within the bound
+    ],
 )
 def test_the_poll_loop_never_waits_for_a_handler(
     broker: Broker, new_topic: Any, tmp_path: Path, mode: str, seconds: float

@@ -173,6 +173,8 @@ class ExactlyOnce:
         self.last_commit = engine.clock.monotonic()
         #: Commits acknowledged by the sink (tests, benchmarks).
         self.commits = 0
+        #: The last :meth:`commit_now` timed out (the worker was in a handler).
+        self.stuck = False
 
     def payload(self) -> Payload:
         """The core's commits with the fences of the claims (the ``commit_due`` answer)."""
@@ -193,7 +195,7 @@ class ExactlyOnce:
                 self.worker.sink.before_commit()
             self.worker.answer(payload)
             return
-        self.in_flight = False
+        self.in_flight = self.stuck = False
         self.last_commit = e.clock.monotonic()
         if kind == "committed":
             payload, seconds = report[1], report[2]
@@ -234,12 +236,20 @@ class ExactlyOnce:
     def commit_now(self, deadline: float) -> bool:
         """Commit the open transaction (and wait for the outcome) before the real
         time ``deadline`` (or :data:`COMMIT_GRACE` from now, if later: a worker that
-        is idle gets that long to store it); False if it could not be done in time."""
+        is idle gets that long to store it); False if it could not be done in time.
+        After a failure, while the worker is still busy (the same handler call), a
+        second ask fails at once: the grace is not paid twice (shutdown, then the
+        revoke its ``close`` brings)."""
+        if self.stuck and not self.worker.idle:
+            return False
         deadline = max(deadline, time.monotonic() + COMMIT_GRACE)
         if not self.settled() and not self.engine.await_(self.settled, deadline):
+            self.stuck = True
             return False  # the commit under way is older than what is asked for now
         self.ask()
-        return self.engine.await_(self.settled, deadline)
+        done = self.engine.await_(self.settled, deadline)
+        self.stuck = not done
+        return done
 
     def doom(self) -> None:
         """Roll back the open transaction (see :mod:`htmqc.runtime.workers`)."""
