@@ -301,7 +301,7 @@ def test_a_broker_that_is_down_is_said_once_and_shown_until_messages_come(
     30 s, ``/readyz`` and the state say it, and the first message clears it."""
     engine = engine_for(lambda m: None, FakeConsumer([]))
     with engine.lock:
-        engine.ownership.assigned.add((TOPIC, 0))
+        engine.ownership.any_assigned = True
     down = _ErrorMessage(KafkaError(KafkaError._TRANSPORT, "Connection refused"))
     for _ in range(200):
         engine.dispatch([down])

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from htmqc.core import Breaker, DeadLetter, Failure, HandOff, RetryAt, classify
 from htmqc.core.breaker import BreakerEvent
 from htmqc.core.decisions import TopicPartition
+from htmqc.core.gate import Hold
 from htmqc.core.poison import PoisonDetector
 from htmqc.core.retry import Permanent
 from htmqc.dlq.record import DeadLetterInfo
@@ -160,10 +161,7 @@ class Failures:
             )
         if e.metrics is not None:
             e.metrics.breaker(event.value)
-        own = e.ownership
-        if own.breaker_paused != b.fetch_paused:
-            own.breaker_paused = b.fetch_paused
-            own.sync_pauses()
+        e.ownership.set_hold(Hold.BREAKER, b.fetch_paused)
 
     def _left(self, lease: Lease, msg: Any, *, handed_off: bool = False) -> bool:
         """``msg`` left its partition without an effect (dead-lettered, or handed

@@ -152,14 +152,15 @@ class Intake:
     def due_prefix(self, tp: TopicPartition, batch: list[Any]) -> list[Any]:
         """The retry-topic records of ``batch`` whose time has come, up to the first
         that has not: from that one on, the partition is rewound and waits
-        (paused) until it is due (:meth:`~htmqc.runtime.ownership.Ownership.wake`)."""
+        (paused) until it is due (the gate's Waiting state)."""
         e = self.engine
         now_ms = e.clock.wall() * 1000.0
         for i, msg in enumerate(batch):
             due_ms = retry_after_ms(msg)
             if due_ms > now_ms:
-                e.consumer.seek(KafkaTP(tp[0], tp[1], msg.offset()))
-                e.ownership.wait_until(tp, due_ms / 1000.0)
+                # The gate times in the loop's clock; the header is unix time.
+                until = e.clock.monotonic() + (due_ms - now_ms) / 1000.0
+                e.ownership.wait_until(tp, msg.offset(), until)
                 return batch[:i]
         return batch
 

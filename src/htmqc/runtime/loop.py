@@ -55,6 +55,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 from htmqc.core import Breaker, BreakerPolicy, ConsumerCore, FailureKind, RetryTopic
 from htmqc.core.decisions import TopicPartition
 from htmqc.core.flow import FlowPolicy, FlowWindow
+from htmqc.core.gate import Hold
 from htmqc.core.retry import RetryPolicy
 from htmqc.errors import HtmqcError, RuntimeFailure
 from htmqc.kafka_defaults import consumer_config
@@ -274,8 +275,8 @@ class Engine:
         return self.stats.dlq_counts
 
     @property
-    def fenced(self) -> dict[TopicPartition, float]:
-        """Fenced partitions and when they were fenced."""
+    def fenced(self) -> set[TopicPartition]:
+        """Fenced partitions (waiting for the group's decision)."""
         return self.ownership.fenced
 
     @property
@@ -337,6 +338,7 @@ class Engine:
                     else round(self.clock.monotonic() - self.broker_down, 1)
                 ),
                 "sink_down": self.ownership.sink_down,
+                "gate": self.ownership.gate.snapshot(),
             },
         )
 
@@ -480,13 +482,7 @@ class Engine:
         failures.breaker_event(self.breaker.tick(now))
         if failures.timers:
             failures.fire(now)
-        if own.waiting:
-            own.wake(self.clock.wall())
-            own.sync_pauses()
-        if own.fenced:
-            own.reclaim_fenced(now)
-        if own.seeks_pending:
-            own.sync_pauses()
+        own.tick(now)
         if short and now - self._last_position >= _POSITION_EVERY:
             self._last_position = now
             self.report_gaps()
@@ -510,7 +506,7 @@ class Engine:
 
     def ready(self) -> tuple[bool, str]:
         """``/readyz``: partitions assigned, broker and sink reachable, breaker closed."""
-        if not self.ownership.assigned:
+        if not self.ownership.any_assigned:
             return False, "no partitions assigned"
         if self.broker_down is not None:
             return False, "the broker is unreachable"
@@ -567,9 +563,7 @@ class Engine:
                 self.window.observe(done, errors, elapsed / done)
         s = self.stats
         pause = self.window.should_pause(max(0, s.in_flight), max(0, s.in_flight_bytes))
-        if pause != self.ownership.flow_paused:
-            self.ownership.flow_paused = pause
-            self.ownership.sync_pauses()
+        self.ownership.set_hold(Hold.FLOW, pause)
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -588,10 +582,7 @@ class Engine:
         idle = (
             self.stats.in_flight <= 0
             and not self.failures.timers
-            and not own.waiting
-            and not own.claiming
-            and not own.reclaim
-            and not own.seeks_pending
+            and own.settled()
         )
         if o.idle_exit is not None:
             if not idle:
@@ -644,8 +635,7 @@ class Engine:
             for lease in self.ownership.leases.values():
                 lease.end()  # no new handler call starts
             self.report_gaps()  # before the pause below: it may drop fetched markers
-            self.ownership.flow_paused = True
-            self.ownership.sync_pauses()
+            self.ownership.set_hold(Hold.FLOW, True)
         barrier = self.workers.barrier()
         while not barrier.done and time.monotonic() < deadline:
             # Keep polling (everything is paused) so the member stays in the group.

@@ -10,22 +10,16 @@ Kafka's committed offsets (at-least-once) or the sink's ``claim``
 callback waits for it, bounded, and otherwise assigns the partition paused
 and claims it when the worker gets to it).
 
-The *gate* says for each assigned partition whether it may be fetched. Its
-states, each a set or map here (the DECISION functions below read them, and
-are what ``htmqc.core.gate`` will replace):
-
-* ``fenced``: the sink rejected a transaction because someone else claimed the
-  partition; paused until the group takes it away, or, still ours after a
-  session timeout, claimed again (then the fence rejects whoever is stale);
-* ``claiming``: waiting for its claim (a claim requested by a rebalance
-  callback that timed out, a re-claim after a fence, a doomed transaction or a
-  sink reconnection), paused;
-* ``waiting``: a retry-topic partition rewound to a record not due yet, paused
-  until then;
-* flow: every partition paused while in-flight messages or bytes are at the
-  window (:class:`~htmqc.core.flow.FlowWindow`).
-
-:meth:`Ownership.sync_pauses` makes the consumer's paused set match the gate.
+Which assigned partitions may be fetched is the *gate*'s decision, a pure
+table in the core (:class:`htmqc.core.gate.Gate`: Claiming, Active, Waiting
+for a retry-topic record, Fenced, Reclaiming, Draining, Leaving; consumer-wide
+holds for flow control and the circuit breaker). Every event goes to the gate
+and its answer (Drop, Claim, Pause, Resume, Seek) is carried out here
+(:meth:`Ownership.do`), and nothing else: this module keeps only what I/O
+needs, the leases and fences of the claims, the claims on their way (a
+claim's answer counts only if it is the partition's latest), the claims
+deferred while the sink is away or a doomed transaction is being rolled back,
+and seeks librdkafka refused (tried again each turn).
 
 Revoke (``on_revoke``): ``revoking`` (nothing new starts), wait until the
 workers reached a barrier behind all work sent so far, at most
@@ -51,6 +45,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 
 from htmqc.core.decisions import TopicPartition
+from htmqc.core.gate import Claim, Drop, Gate, GateAction, GateState, Hold, Pause, Resume, Seek
 from htmqc.errors import HtmqcError
 from htmqc.ports import Position
 from htmqc.runtime.lanes import Lease
@@ -71,103 +66,143 @@ def _names(tps: Iterable[TopicPartition]) -> str:
     return ", ".join(f"{t}/{p}" for t, p in tps)
 
 
+#: Gate states waiting for a claim.
+_CLAIMING = frozenset({GateState.CLAIMING, GateState.RECLAIMING})
+#: Gate states of a partition already being revoked.
+_LEAVING = frozenset({GateState.DRAINING, GateState.LEAVING})
+#: Gate states that keep an idle run from ending (work is about to come back).
+_UNSETTLED = _CLAIMING | {GateState.WAITING}
+
+
 class Ownership:
-    """Assignment, claims, revokes and the gate (see module docs)."""
+    """Assignment, claims, revokes; the gate's decisions carried out (module docs)."""
 
     def __init__(self, engine: Engine, fence_grace: float) -> None:
         self.engine = engine
-        #: Seconds a fenced partition stays paused before it is claimed again if the
-        #: group still assigns it to us: the session timeout (by then the group has
-        #: evicted a real zombie).
-        self.fence_grace = fence_grace
-        self.assigned: set[TopicPartition] = set()
+        #: The partition gate (the decisions): fence grace is the session timeout,
+        #: by then the group has evicted a real zombie.
+        self.gate = Gate(fence_grace)
         self.leases: dict[TopicPartition, Lease] = {}
         #: Exactly-once: the fence of each claim.
         self.fences: dict[TopicPartition, int] = {}
-        self.fenced: dict[TopicPartition, float] = {}
-        self.claiming: set[TopicPartition] = set()
-        #: Partitions to claim once the sink is back or the doomed transaction is gone.
-        self.reclaim: set[TopicPartition] = set()
-        self.waiting: dict[TopicPartition, float] = {}
-        self.flow_paused = False
-        #: The circuit breaker is open: nothing is fetched.
-        self.breaker_paused = False
         #: The sink failed and is being reconnected (``/readyz``).
         self.sink_down = False
-        #: What the consumer was told is paused.
-        self.paused: set[TopicPartition] = set()
+        #: Any partition assigned (read by ``/readyz`` from another thread).
+        self.any_assigned = False
+        #: Each partition's latest claim (an older answer is void).
+        self._pending: dict[TopicPartition, int] = {}
         self._claims: dict[int, list[TopicPartition]] = {}
         self._tokens = itertools.count(1)
+        #: Claims held back until the sink is back or the doomed transaction is gone.
+        self._deferred: set[TopicPartition] = set()
+        self._claims_blocked = False
         self._to_seek: dict[TopicPartition, int] = {}
-        #: Partitions of a running ``on_assign``: their start goes into the assignment.
+        #: Partitions of a running ``on_assign``, and the pause each should get once
+        #: librdkafka has them (a pause before ``incremental_assign`` is lost).
         self._assigning: set[TopicPartition] = set()
-
-    # -- DECISION: the gate, to be replaced by htmqc.core.gate ----------------------------
-
-    def fetchable(self, tp: TopicPartition) -> bool:
-        """Whether messages of ``tp`` may run (held, and no gate state stops it)."""
-        return (
-            tp in self.leases
-            and tp not in self._to_seek
-            and tp not in self.fenced
-            and tp not in self.waiting
-            and tp not in self.claiming
-            and tp not in self.reclaim
-        )
-
-    def should_pause(self, tp: TopicPartition) -> bool:
-        """Whether the consumer should keep ``tp`` paused."""
-        return (
-            self.flow_paused
-            or self.breaker_paused
-            or (tp in self.assigned and not self.fetchable(tp))
-        )
-
-    def claim_due(self, now: float) -> list[TopicPartition]:
-        """Fenced partitions whose grace is over (and no longer fenced)."""
-        due = [tp for tp, at in self.fenced.items() if now - at >= self.fence_grace]
-        for tp in due:
-            del self.fenced[tp]
-        return [tp for tp in due if tp in self.assigned and tp not in self.leases]
-
-    @property
-    def seeks_pending(self) -> bool:
-        """Whether a claimed partition still waits for its seek (retried each turn)."""
-        return bool(self._to_seek)
+        self._after_assign: dict[TopicPartition, bool] = {}
 
     # -- views -----------------------------------------------------------------------------
+
+    @property
+    def assigned(self) -> set[TopicPartition]:
+        """Partitions the group gave us (any gate state)."""
+        return self.gate.partitions()
+
+    @property
+    def paused(self) -> set[TopicPartition]:
+        """Partitions Kafka was last told to pause."""
+        return self.gate.paused()
+
+    @property
+    def fenced(self) -> set[TopicPartition]:
+        """Partitions fenced and waiting for the group's decision."""
+        return {tp for tp in self.gate.partitions() if self.gate.state(tp) is GateState.FENCED}
+
+    def fetchable(self, tp: TopicPartition) -> bool:
+        """Whether messages of ``tp`` may run: the gate says Active, we hold it, and
+        no seek is outstanding."""
+        return self.gate.fetching(tp) and tp in self.leases and tp not in self._to_seek
+
+    def settled(self) -> bool:
+        """No partition waits for a claim, a retry-topic record or a seek."""
+        gate = self.gate
+        return (
+            not self._to_seek
+            and not self._deferred
+            and not any(gate.state(tp) in _UNSETTLED for tp in gate.partitions())
+        )
 
     def lease(self, tp: TopicPartition) -> Lease | None:
         """The current lease of a held partition."""
         return self.leases.get(tp)
 
-    # -- pauses ----------------------------------------------------------------------------
+    # -- carrying out the gate's decisions --------------------------------------------------
 
-    def sync_pauses(self) -> None:
-        """Seek the partitions whose claim came (:meth:`claimed`), then pause and
-        resume so that the consumer's paused set matches the gate."""
-        if self._to_seek:
-            self._seek_pending()
-        want = {
-            tp for tp in self.assigned if self.should_pause(tp) and tp not in self._assigning
-        }
-        pause, resume = want - self.paused, self.paused - want
+    def do(self, actions: list[GateAction]) -> None:
+        """Carry out the gate's ``actions``, in order."""
         consumer = self.engine.consumer
-        if pause:
-            consumer.pause([KafkaTP(t, p) for t, p in sorted(pause)])
-        self.paused = want
-        if resume:
-            consumer.resume([KafkaTP(t, p) for t, p in sorted(resume & self.assigned)])
+        for action in actions:
+            if isinstance(action, Drop):
+                for tp in action.tps:
+                    self.drop(tp)
+            elif isinstance(action, Claim):
+                self.request_claim(list(action.tps))
+            elif isinstance(action, Seek):
+                self._seek(action.tp, action.offset)
+            elif isinstance(action, (Pause, Resume)):
+                pause = isinstance(action, Pause)
+                now = [tp for tp in action.tps if tp not in self._assigning]
+                for tp in action.tps:
+                    if tp in self._assigning:
+                        self._after_assign[tp] = pause
+                if now:
+                    parts = [KafkaTP(t, p) for t, p in sorted(now)]
+                    (consumer.pause if pause else consumer.resume)(parts)
+        self.any_assigned = bool(self.gate.partitions())
 
-    def wait_until(self, tp: TopicPartition, due: float) -> None:
-        """Retry topic: pause ``tp`` until unix time ``due``."""
-        self.waiting[tp] = due
-        self.sync_pauses()
+    def set_hold(self, reason: Hold, on: bool) -> None:
+        """Flow control or the circuit breaker holds (or releases) fetching."""
+        if on != (reason in self.gate.holds):
+            self.do(self.gate.hold(reason) if on else self.gate.unhold(reason))
 
-    def wake(self, wall: float) -> None:
-        """Retry-topic partitions whose next record is due may be fetched again."""
-        for tp in [tp for tp, at in self.waiting.items() if at <= wall]:
-            del self.waiting[tp]
+    def tick(self, now: float) -> None:
+        """Each turn: the gate's timers (fence grace, retry-topic waits); seeks
+        librdkafka refused before."""
+        actions = self.gate.tick(now)
+        if actions:
+            due = [tp for a in actions if isinstance(a, Claim) for tp in a.tps]
+            if due:
+                log.warning("claiming again, still assigned after being fenced: %s", _names(due))
+            self.do(actions)
+        if self._to_seek:
+            for tp, offset in list(self._to_seek.items()):
+                self._seek(tp, offset)
+
+    def reclaim_fenced(self, now: float) -> None:
+        """:meth:`tick` (claim again the fenced partitions the group still gives us
+        after the grace: the fence rejects whoever is stale, and pausing for ever
+        would stall the partition)."""
+        self.tick(now)
+
+    def wait_until(self, tp: TopicPartition, offset: int, until: float) -> None:
+        """Retry topic: the record at ``offset`` is due at ``until`` (the loop's
+        clock): rewind to it and pause ``tp`` until then."""
+        self.do(self.gate.retry_wait(tp, offset, until))
+
+    def _seek(self, tp: TopicPartition, offset: int) -> None:
+        """Seek ``tp``; a seek librdkafka refuses (right after an assignment) is
+        tried again next turn, and the partition is not fetched meanwhile."""
+        if tp not in self.gate.partitions():
+            self._to_seek.pop(tp, None)
+            return
+        try:
+            self.engine.consumer.seek(KafkaTP(tp[0], tp[1], offset))
+        except KafkaException as exc:
+            log.debug("seek %s/%d@%d deferred: %s", tp[0], tp[1], offset, exc)
+            self._to_seek[tp] = offset
+            return
+        self._to_seek.pop(tp, None)
 
     # -- holding and letting go ------------------------------------------------------------
 
@@ -187,7 +222,7 @@ class Ownership:
         return start
 
     def drop(self, tp: TopicPartition) -> None:
-        """Forget ``tp`` in the core (no commit) and end its lease."""
+        """Forget ``tp`` in the core (no commit) and end its lease (a gate Drop)."""
         e = self.engine
         e.core.revoked(tp)
         lease = self.leases.pop(tp, None)
@@ -197,13 +232,6 @@ class Ownership:
             e.stats.let_go(lease.count, lease.nbytes)
             e.workers.end(lease)
         e.failures.drop(tp)
-
-    def drop_all(self) -> list[TopicPartition]:
-        """:meth:`drop` every held partition; return them."""
-        held = list(self.leases)
-        for tp in held:
-            self.drop(tp)
-        return held
 
     # -- claims ----------------------------------------------------------------------------
 
@@ -225,10 +253,15 @@ class Ownership:
         return out
 
     def request_claim(self, tps: list[TopicPartition]) -> int:
-        """Ask for positions of ``tps`` (paused until they come); return the token."""
+        """Ask for the positions of ``tps`` (a gate Claim); return the token. Held
+        back while the sink is away or a doomed transaction is rolled back."""
         e = self.engine
         token = next(self._tokens)
-        self.claiming.update(tps)
+        if self._claims_blocked:
+            self._deferred.update(tps)
+            return token
+        for tp in tps:
+            self._pending[tp] = token
         if e.eo is None:
             self.claimed(token, self.kafka_positions(tps), tps)
             return token
@@ -245,35 +278,28 @@ class Ownership:
         positions: dict[TopicPartition, Any],
         tps: list[TopicPartition] | None = None,
     ) -> dict[TopicPartition, int]:
-        """Positions came (a ``claimed`` report): hold each partition still ours."""
+        """Positions came (a ``claimed`` report): hold each partition whose latest
+        claim this is and that still waits for it; tell the gate."""
         wanted = tps if tps is not None else self._claims.pop(token, [])
+        gate = self.gate
         starts: dict[TopicPartition, int] = {}
+        late: dict[TopicPartition, int] = {}
         for tp in wanted:
-            if tp not in self.claiming:
+            if self._pending.get(tp) != token or gate.state(tp) not in _CLAIMING:
                 continue  # revoked, or claimed again, meanwhile
-            self.claiming.discard(tp)
-            if tp in self.assigned and tp in positions:
-                starts[tp] = self.hold(tp, positions[tp])
-        later = {tp: s for tp, s in starts.items() if tp not in self._assigning}
-        if later:
-            log.info("claimed %s", ", ".join(f"{t}/{p}@{s}" for (t, p), s in later.items()))
-            self._to_seek.update(later)
-        self.sync_pauses()
+            del self._pending[tp]
+            if tp not in positions:
+                continue
+            start = starts[tp] = self.hold(tp, positions[tp])
+            if tp not in self._assigning and gate.state(tp) is GateState.CLAIMING:
+                late[tp] = start  # assigned without a position: seek it there
+        if late:
+            log.info("claimed %s", ", ".join(f"{t}/{p}@{s}" for (t, p), s in late.items()))
+            for tp, offset in late.items():
+                self._seek(tp, offset)
+        if starts:
+            self.do(gate.claimed(starts))
         return starts
-
-    def _seek_pending(self) -> None:
-        """Seek partitions assigned before their claim came (a seek right after the
-        assignment may be refused by librdkafka; it is tried again next turn)."""
-        for tp, offset in list(self._to_seek.items()):
-            if tp not in self.assigned:
-                del self._to_seek[tp]
-                continue
-            try:
-                self.engine.consumer.seek(KafkaTP(tp[0], tp[1], offset))
-            except KafkaException as exc:
-                log.debug("seek %s/%d@%d deferred: %s", tp[0], tp[1], offset, exc)
-                continue
-            del self._to_seek[tp]
 
     # -- rebalance callbacks ---------------------------------------------------------------
 
@@ -291,19 +317,16 @@ class Ownership:
         with e.lock:
             if e.metrics is not None:
                 e.metrics.rebalanced()
-            for tp in tps:
-                self.fenced.pop(tp, None)
-                self.reclaim.discard(tp)
-                if tp in self.leases:
-                    self.drop(tp)
-            self.assigned.update(tps)
             self._assigning.update(tps)
             e.stats.assignments += 1
             e.ever_assigned = True
             e.last_message = e.clock.monotonic()
-            token = self.request_claim(tps)
+            self.do(self.gate.assigned(tps))
         if e.eo is not None:
-            e.await_(lambda: token not in self._claims, e.deadline(CLAIM_WAIT))
+            e.await_(
+                lambda: not any(self.gate.state(tp) in _CLAIMING for tp in tps),
+                e.deadline(CLAIM_WAIT),
+            )
         with e.lock:
             self._assigning.difference_update(tps)
             starts = {tp: self._claims_start(tp) for tp in tps}
@@ -318,15 +341,14 @@ class Ownership:
         )
         with e.lock:
             # librdkafka keeps a partition's pause across unassign and assign: say it
-            # again for each new partition, whichever way it goes.
-            new = set(tps)
-            self.paused -= new
-            want = {tp for tp in new if self.should_pause(tp)}
-            if want:
-                consumer.pause([KafkaTP(t, p) for t, p in sorted(want)])
-            if new - want:
-                consumer.resume([KafkaTP(t, p) for t, p in sorted(new - want)])
-            self.paused |= want
+            # for each new partition, whichever way it goes (still claiming: paused).
+            want = {tp: self._after_assign.pop(tp, True) for tp in tps}
+            pause = sorted(tp for tp, p in want.items() if p)
+            resume = sorted(tp for tp, p in want.items() if not p)
+            if pause:
+                consumer.pause([KafkaTP(t, p) for t, p in pause])
+            if resume:
+                consumer.resume([KafkaTP(t, p) for t, p in resume])
 
     def _claims_start(self, tp: TopicPartition) -> int | None:
         """The start of ``tp`` if it is held by now, else ``None``."""
@@ -349,6 +371,10 @@ class Ownership:
         with e.lock:
             if e.metrics is not None and tps:
                 e.metrics.rebalanced()
+            ours = [tp for tp in tps if tp in self.gate.partitions()]
+            leaving = [tp for tp in ours if self.gate.state(tp) not in _LEAVING]
+            if not lost and leaving:
+                self.do(self.gate.revoking(leaving))
             for tp in tps:
                 e.core.revoking(tp)
         if not lost:
@@ -373,16 +399,17 @@ class Ownership:
                 if final and not lost:
                     e.alo.commit(e.core, final, sync=True)
         with e.lock:
+            ours = [tp for tp in tps if tp in self.gate.partitions()]
+            if lost:
+                self.do(self.gate.lost(ours))
+            else:
+                self.do(self.gate.revoked(ours))
             for tp in tps:
                 if tp in self.leases:
                     self.drop(tp)
-                self.assigned.discard(tp)
-                self.fenced.pop(tp, None)
-                self.claiming.discard(tp)
-                self.reclaim.discard(tp)
-                self.waiting.pop(tp, None)
-                self.paused.discard(tp)
                 self._to_seek.pop(tp, None)
+                self._pending.pop(tp, None)
+                self._deferred.discard(tp)
         log.info("%s %s", "lost" if lost else "revoked", _names(tps))
         consumer.incremental_unassign(partitions)
 
@@ -392,16 +419,10 @@ class Ownership:
         """The transaction was rolled back: every partition restarts from the sink;
         the stale ones wait (paused) for the group to take them away."""
         e = self.engine
-        stale = (set(exc.tps) if exc.tps else set(self.assigned)) & self.assigned
+        gate = self.gate
+        stale = set(exc.tps) if exc.tps else gate.partitions()
         log.warning("fenced: %s", exc.line())
-        held = self.drop_all()
-        now = e.clock.monotonic()
-        for tp in stale:
-            self.fenced[tp] = now
-        again = [tp for tp in held if tp in self.assigned and tp not in self.fenced]
-        if again:
-            self.request_claim(again)
-        self.sync_pauses()
+        self.do(gate.rolled_back(stale & gate.partitions(), e.clock.monotonic()))
 
     def doom(self) -> None:
         """The open transaction could not be committed in time: roll it back and
@@ -410,39 +431,31 @@ class Ownership:
         assert e.eo is not None
         log.warning("the open transaction could not be committed in time; rolling it back")
         e.eo.doom()
-        self.reclaim.update(tp for tp in self.drop_all() if tp in self.assigned)
-        self.sync_pauses()
+        self._block_claims()
 
     def sink_lost(self, exc: BaseException) -> None:
         """The sink failed (rolled back): hold nothing until it is back."""
         text = exc.line() if isinstance(exc, HtmqcError) else repr(exc)
         log.warning("sink failed, reconnecting: %s", text)
         self.sink_down = True
-        self.reclaim.update(tp for tp in self.drop_all() if tp in self.assigned)
-        self.reclaim.update(self.claiming & self.assigned)
-        self.claiming.clear()
+        self._block_claims()
+
+    def _block_claims(self) -> None:
+        """The core's state is gone with the transaction: claim everything again,
+        once the sink answers (claims on their way are void)."""
+        self._claims_blocked = True
+        self._deferred.update(self._pending)
+        self._pending.clear()
         self._claims.clear()
-        self.sync_pauses()
+        self.do(self.gate.rolled_back((), self.engine.clock.monotonic()))
 
     def sink_ready(self) -> None:
         """The sink is back, or the doomed transaction is gone: claim again."""
         self.sink_down = False
-        again = sorted(self.reclaim & self.assigned)
-        self.reclaim.clear()
+        self._claims_blocked = False
+        gate = self.gate
+        again = sorted(tp for tp in self._deferred if gate.state(tp) in _CLAIMING)
+        self._deferred.clear()
         if again:
             log.info("claiming again: %s", _names(again))
             self.request_claim(again)
-        self.sync_pauses()
-
-    def reclaim_fenced(self, now: float) -> None:
-        """Claim again the fenced partitions the group still gives us after a
-        session timeout. Normally the group takes a stale partition away within
-        that time (we were a zombie); if it did not, another process claimed it
-        in a race and was itself a zombie, or the group still trusts us: either
-        way claiming is safe (the fence rejects whoever is stale) and pausing for
-        ever would stall the partition."""
-        mine = self.claim_due(now)
-        if mine:
-            log.warning("claiming again, still assigned after being fenced: %s", _names(mine))
-            self.request_claim(mine)
-        self.sync_pauses()
