@@ -36,6 +36,7 @@ import os
 import re
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -142,14 +143,20 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 _BROKER_FIXTURES = frozenset({"broker", "tansu_broker", "kafka_broker", "kafka3_broker"})
 
 
+#: Test files (relative to ``tests/``) that start brokers, Java, Prometheus or
+#: Chromium in subprocesses without the broker fixtures.
+_SLOW_FILES = ("broker/", "security/test_tls.py", "observe/test_ops.py")
+
+
 def _slow(item: pytest.Item) -> bool:
     """Whether ``item`` belongs to the slow tier: it needs a broker (or Java), runs
-    Spark, or is marked ``slow`` by hand (subprocesses, long runs)."""
+    Spark or another subprocess service, or is marked ``slow`` by hand."""
     if item.get_closest_marker("slow") is not None or item.get_closest_marker("kafka"):
         return True
     if _BROKER_FIXTURES & set(getattr(item, "fixturenames", ())):
         return True
-    return "spark" in item.path.parts
+    where = item.path.relative_to(Path(__file__).parent).as_posix()
+    return where.startswith(("spark/", *_SLOW_FILES))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -253,7 +253,9 @@ def kafka_sigkill_scenario(
     flag.touch()
     env = {
         "HTMQC_TEST_STALL": str(flag),
-        "HTMQC_TEST_STALL_AT": "1000",
+        # Past the first two transactions (300 messages each, ids spread over 4
+        # partitions), so some are committed when the process is killed.
+        "HTMQC_TEST_STALL_AT": "3000",
         "HTMQC_TEST_STALL_NTH": str(stall_nth),
     }
     # Transactions of 300 messages: the time bound must not end them first (the
