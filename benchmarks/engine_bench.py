@@ -5,10 +5,12 @@ from one run to the next (measured: the same variant, back to back), which
 hides a few percent of runtime cost. This benchmark feeds pre-built
 ``confluent_kafka.Message`` objects (``--count``, 100-byte values, 8
 partitions, 1000 keys, batches of 1000) through a real
-:class:`~htmqc.runtime.Engine` in at-least-once mode with a stand-in consumer
-whose ``consume`` just returns the next batch, so only the engine's Python
-work is timed. Variants, interleaved over ``--rounds``: metrics off, metrics on
-(a :class:`~htmqc.observe.Metrics`, as ``--metrics-port`` builds it), and, as a
+:class:`~htmqc.runtime.Engine` in at-least-once mode with
+:class:`htmqc.testing.FakeConsumer`, whose ``consume`` hands out a slice of the
+prepared messages, so only the engine's Python work is timed (CPU seconds of
+the process: the poll thread and the handler's worker thread together).
+Variants, interleaved over ``--rounds``: metrics off, metrics on (a
+:class:`~htmqc.observe.Metrics`, as ``--metrics-port`` builds it), and, as a
 floor, a bare loop that only calls the handler. Prints µs per message and the
 metrics overhead; results go to ``benchmarks/results/engine.json``.
 
@@ -27,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Message
-from confluent_kafka import TopicPartition as KafkaTP
 
 from htmqc.core import CONTRACTS_ENABLED
 from htmqc.produce import message_key, message_value
 from htmqc.runtime import Engine, RunOptions
+from htmqc.testing import FakeConsumer
 
 RESULTS = Path(__file__).resolve().parent / "results" / "engine.json"
 PARTITIONS = 8
@@ -55,49 +57,6 @@ def batches(count: int) -> list[list[Message]]:
     return out
 
 
-class ReplayConsumer:
-    """Just enough of ``confluent_kafka.Consumer`` for the engine: assigns every
-    partition at the first ``consume``, then hands out the prepared batches."""
-
-    def __init__(self, prepared: list[list[Message]]) -> None:
-        self._batches = iter(prepared)
-        self._on_assign: Any = None
-        self._assigned = False
-
-    def subscribe(self, topics: list[str], on_assign: Any = None, **_: Any) -> None:
-        self._on_assign = on_assign
-
-    def consume(self, num_messages: int, timeout: float) -> list[Message]:
-        if not self._assigned:
-            self._assigned = True
-            self._on_assign(self, [KafkaTP("t", p) for p in range(PARTITIONS)])
-        return next(self._batches, [])
-
-    def committed(self, parts: list[KafkaTP], timeout: float = 0) -> list[KafkaTP]:
-        return [KafkaTP(p.topic, p.partition, -1001) for p in parts]
-
-    def get_watermark_offsets(self, tp: KafkaTP, **_: Any) -> tuple[int, int]:
-        return 0, 0
-
-    def position(self, parts: list[KafkaTP]) -> list[KafkaTP]:
-        return [KafkaTP(p.topic, p.partition, -1001) for p in parts]
-
-    def commit(self, **_: Any) -> None:
-        return None
-
-    def incremental_assign(self, parts: list[KafkaTP]) -> None:
-        return None
-
-    def pause(self, parts: list[KafkaTP]) -> None:
-        return None
-
-    def resume(self, parts: list[KafkaTP]) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
-
-
 def engine_us(prepared: list[list[Message]], count: int, metrics: Any) -> float:
     """µs per message of an at-least-once engine over ``prepared``."""
     handled = [0]
@@ -106,7 +65,10 @@ def engine_us(prepared: list[list[Message]], count: int, metrics: Any) -> float:
         handled[0] += 1
 
     opts = RunOptions(bootstrap="replay:0", topic="t", group="g", max_messages=count)
-    engine = Engine(handler, opts, ReplayConsumer(prepared), metrics=metrics)
+    records = [msg for batch in prepared for msg in batch]
+    consumer = FakeConsumer(records, idle_sleep=0.01)  # a paused consumer waits, as librdkafka does
+    engine = Engine(handler, opts, consumer, metrics=metrics)
+    consumer.on_commit = engine.on_commit
     started = time.process_time()
     engine.run(install_signals=False)
     elapsed = time.process_time() - started

@@ -29,10 +29,10 @@ from pathlib import Path
 PARTS = (
     ("core", "htmqc/core/"),
     ("lanes", "htmqc/runtime/lanes.py"),
-    ("dispatch", "Engine.dispatch"),
-    ("dispatch", "Engine._by_partition"),
+    ("dispatch", "Intake.dispatch"),
+    ("dispatch", "Intake.by_partition"),
     ("handler", "engine_us.<locals>.handler"),
-    ("consume stand-in", "ReplayConsumer"),
+    ("consume stand-in", "FakeConsumer"),
 )
 
 
@@ -48,10 +48,14 @@ def workload(count: int, rounds: int) -> None:
     print(f"engine: {best:.3f} µs/msg (lowest of {rounds} runs of {count:,})", flush=True)
 
 
+#: The outermost frames of the engine's threads: the poll loop and the workers.
+ROOTS = ("Engine.run ", "Workers._serve ")
+
+
 def part_of(frames: list[str]) -> str:
-    """The part of the innermost frame (below ``Engine.run``) that names one."""
+    """The part of the innermost frame (below a :data:`ROOTS` frame) that names one."""
     for frame in reversed(frames):
-        if frame.startswith("Engine.run "):
+        if frame.startswith(ROOTS):
             break
         for name, mark in PARTS:
             if mark in frame:
@@ -60,14 +64,15 @@ def part_of(frames: list[str]) -> str:
 
 
 def summarize(raw: Path, top: int) -> str:
-    """Self time by part and by line, as shares of the samples inside ``Engine.run``."""
+    """Self time by part and by line, as shares of the samples inside the engine
+    (below ``Engine.run`` or a worker's ``Workers._serve``)."""
     by_part: Counter[str] = Counter()
     by_line: Counter[str] = Counter()
     total = 0
     for line in raw.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
         frames = stack.split(";")
-        if not any(f.startswith("Engine.run ") for f in frames):
+        if not any(f.startswith(ROOTS) for f in frames):
             continue
         samples = int(n)
         total += samples
@@ -75,8 +80,8 @@ def summarize(raw: Path, top: int) -> str:
         by_line[leaf] += samples
         by_part[part_of(frames)] += samples
     if not total:
-        return "no samples inside Engine.run (is py-spy allowed to trace this process?)"
-    out = [f"{total:,} samples inside Engine.run", "", "by part:"]
+        return "no samples inside the engine (is py-spy allowed to trace this process?)"
+    out = [f"{total:,} samples inside the engine (poll loop and workers)", "", "by part:"]
     out += [f"  {100 * k / total:5.1f}%  {name}" for name, k in by_part.most_common()]
     out += ["", f"hottest {top} lines (self time):"]
     out += [f"  {100 * k / total:5.1f}%  {leaf}" for leaf, k in by_line.most_common(top)]

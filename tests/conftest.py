@@ -36,6 +36,7 @@ import os
 import re
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -138,8 +139,32 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize(names, params, indirect=True)
 
 
+#: Fixtures that start or need a broker: a test using one is ``slow``.
+_BROKER_FIXTURES = frozenset({"broker", "tansu_broker", "kafka_broker", "kafka3_broker"})
+
+
+#: Test files (relative to ``tests/``) that start brokers, Java, Prometheus or
+#: Chromium in subprocesses without the broker fixtures.
+_SLOW_FILES = ("broker/", "security/test_tls.py", "observe/test_ops.py")
+
+
+def _slow(item: pytest.Item) -> bool:
+    """Whether ``item`` belongs to the slow tier: it needs a broker (or Java), runs
+    Spark or another subprocess service, or is marked ``slow`` by hand."""
+    if item.get_closest_marker("slow") is not None or item.get_closest_marker("kafka"):
+        return True
+    if _BROKER_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return True
+    where = item.path.relative_to(Path(__file__).parent).as_posix()
+    return where.startswith(("spark/", *_SLOW_FILES))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``kafka_full`` by hand run only with ``--kafka-full``."""
+    """Tests marked ``kafka_full`` by hand run only with ``--kafka-full``; the slow
+    tier (:func:`_slow`) is marked ``slow``, so ``-m "not slow"`` is the fast one."""
+    for item in items:
+        if _slow(item) and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
     if config.getoption("kafka_full"):
         return
     skip = pytest.mark.skip(reason="the long Kafka tier: run with --kafka-full")

@@ -38,88 +38,27 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from htmqc import secrets
 from htmqc.errors import UsageError
-from htmqc.runtime.options import GROUP_PROTOCOLS, LOG_FORMATS, MODES, RunOptions
+from htmqc.runtime.options import MODES, OPTIONS, REQUIRED_VALUE, RunOptions
 
 _SECRET_WORDS = ("password", "secret", "key", "token", "credential", "jaas", "sasl.oauthbearer")
 
-#: option name -> (type, default). ``None`` default: optional.
+#: option name -> (type, default). ``None`` default: optional. From the schema
+#: (:data:`htmqc.runtime.options.OPTIONS`), as are the limits and choices below.
 FIELDS: dict[str, tuple[type, Any]] = {
-    "bootstrap": (str, None),
-    "topic": (str, None),
-    "group": (str, None),
-    "mode": (str, "at-least-once"),
-    "sink": (str, None),
-    "workers": (int, 1),
-    "max_in_flight": (int, 10_000),
-    "txn_messages": (int, 1000),
-    "txn_ms": (float, 100.0),
-    "commit_ms": (float, 500.0),
-    "create_topic": (int, None),
-    "max_messages": (int, None),
-    "idle_exit": (float, None),
-    "max_message_bytes": (int, None),
-    "shutdown_seconds": (float, 10.0),
-    "batch_size": (int, 1000),
-    "connect_seconds": (float, 10.0),
-    "trace": (str, None),
-    "max_retries": (int, 3),
-    "backoff_ms": (float, 100.0),
-    "backoff_max_ms": (float, 30_000.0),
-    "poison_threshold": (int, 5),
-    "poison_window": (float, 60.0),
-    "flow": (str, "adaptive"),
-    "min_in_flight": (int, 16),
-    "latency_target_ms": (float, 1000.0),
-    "max_in_flight_bytes": (int, 256 * 1024 * 1024),
-    "metrics_port": (int, None),
-    "metrics_host": (str, "127.0.0.1"),
-    "redis_url": (str, None),
-    "log_format": (str, "text"),
-    "otel": (bool, False),
-    "retry_topic": (bool, False),
-    "retry_topic_ms": (float, 5000.0),
-    "permanent_errors": (str, None),
-    "member_id": (str, None),
-    "retryable_errors": (str, None),
-    "group_protocol": (str, "classic"),
+    o.name: (o.kind, None if o.default is REQUIRED_VALUE else o.default) for o in OPTIONS
 }
-REQUIRED = ("bootstrap", "topic", "group")
+REQUIRED = tuple(o.name for o in OPTIONS if o.default is REQUIRED_VALUE)
 
 #: option -> (lowest, highest, lowest allowed itself). Anything outside is
 #: refused at start: zero or negative sizes, absurd counts (100000 threads).
 LIMITS: dict[str, tuple[float, float, bool]] = {
-    "workers": (0, 1024, True),
-    "max_in_flight": (1, 10_000_000, True),
-    "min_in_flight": (1, 10_000_000, True),
-    "txn_messages": (1, 10_000_000, True),
-    "txn_ms": (0, 86_400_000, False),
-    "commit_ms": (0, 86_400_000, False),
-    "create_topic": (1, 10_000, True),
-    "max_messages": (1, 2**63 - 1, True),
-    "idle_exit": (0, 31_536_000, False),
-    "max_message_bytes": (1, 2**31 - 1, True),
-    "shutdown_seconds": (0, 86_400, True),
-    "batch_size": (1, 1_000_000, True),
-    "connect_seconds": (0, 86_400, False),
-    "max_retries": (0, 1_000_000, True),
-    "backoff_ms": (0, 86_400_000, True),
-    "backoff_max_ms": (0, 86_400_000, True),
-    "poison_threshold": (1, 1_000_000, True),
-    "poison_window": (0, 31_536_000, False),
-    "latency_target_ms": (0, 86_400_000, False),
-    "max_in_flight_bytes": (1, 2**40, True),
-    "metrics_port": (0, 65_535, True),
-    "retry_topic_ms": (0, 86_400_000, True),
+    o.name: o.spec.limits for o in OPTIONS if o.spec.limits is not None
 }
 #: Text options: at most this many characters, one line, no control characters.
 MAX_TEXT = 4096
 #: A ``--config`` file larger than this is refused before it is parsed.
 MAX_CONFIG_BYTES = 1024 * 1024
-_CHOICES = {
-    "flow": ("adaptive", "fixed"),
-    "log_format": LOG_FORMATS,
-    "group_protocol": GROUP_PROTOCOLS,
-}
+_CHOICES = {o.name: o.spec.choices for o in OPTIONS if o.spec.choices is not None}
 #: Values of secret-looking keys that are settings, not secrets (never remembered:
 #: masking "true" would break JSON output).
 _NOT_SECRET_VALUES = frozenset({"true", "false", "none", "plain", "ssl", "https"})

@@ -18,7 +18,7 @@ from htmqc.broker import Broker
 from htmqc.cli import main
 from htmqc.core.decisions import Commit
 from htmqc.dlq.record import DeadLetterInfo
-from htmqc.runtime.delivery import DLQ_TABLE, ExactlyOnce
+from htmqc.runtime.delivery import DLQ_TABLE
 from htmqc.sinks import open_sink
 from tests.dlq.support import Msg, info, read_topic
 from tests.services import postgres_url
@@ -61,16 +61,16 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
 
 
 def write_letters(url: str, letters: list[tuple[Msg, DeadLetterInfo]]) -> None:
-    """Dead-letter each message through :class:`ExactlyOnce` and commit."""
+    """Dead-letter each message in one sink transaction (as the exactly-once
+    worker does) and commit."""
     sink = open_sink(url)
     sink.open("g")
     try:
         tps = sorted({(m.t, m.p) for m, _ in letters})
         positions = sink.claim(tps, default_start=lambda tp: 0)
-        eo = ExactlyOnce(sink, 1000, 100.0)
+        txn = sink.begin()
         for msg, dead in letters:
-            eo.dead_letter(msg.t, msg, dead)
-        txn = eo.current()
+            txn.dead_letter(msg.t, msg, dead)
         commits = [
             (Commit(tp=tp, epoch=1, offset=1 + max(m.o for m, _ in letters if (m.t, m.p) == tp)),
              positions[tp].fence)

@@ -12,9 +12,8 @@ from confluent_kafka import TopicPartition as KafkaTP
 
 from htmqc.cli import main
 from htmqc.replay import PartitionRange, SegmentReader, SegmentWriter
-from htmqc.replay.consumer import SegmentConsumer
 from htmqc.replay.faults import FaultSchedule
-from htmqc.replay.run import replay
+from htmqc.replay.run import replay, segment_consumer
 from model_checks.trace_validation import validate_trace
 from tests.replay import handlers
 
@@ -93,6 +92,29 @@ def test_replay_twice_gives_identical_traces_and_effects(tmp_path: Path) -> None
     assert verdict.ok, verdict.summary()
 
 
+def test_the_transaction_timer_fires_under_the_virtual_clock(tmp_path: Path) -> None:
+    """``txn_ms`` ends transactions in replay too (issue 16, item 8: the
+    exactly-once timer read ``time.monotonic()`` itself, so under the virtual
+    clock only ``txn_messages`` ended one). Deterministic: the same commits twice."""
+    seg = make_segment(tmp_path / "in.seg")
+    acked = []
+    for n, txn_ms in ((1, 40.0), (2, 40.0), (3, 10_000.0)):
+        trace = tmp_path / f"t{n}.jsonl"
+        replay(
+            seg,
+            handlers.record,
+            mode="exactly-once",
+            sink=f"sqlite:///{tmp_path / f'{n}.db'}",
+            trace=str(trace),
+            txn_messages=1_000_000,
+            txn_ms=txn_ms,
+            batch_size=500,  # one batch: only the worker's own timer can end a transaction
+        )
+        acked.append([line for line in trace.read_text().splitlines() if "commit_acked" in line])
+    assert acked[0] == acked[1]
+    assert len(acked[0]) > 2 * len(acked[2]), (len(acked[0]), len(acked[2]))
+
+
 def test_fault_schedule_is_a_function_of_the_seed() -> None:
     a = FaultSchedule.build(3, 1000, 0.05)
     assert a.failures == FaultSchedule.build(3, 1000, 0.05).failures
@@ -140,7 +162,7 @@ def test_faults_hold_back_only_their_key(tmp_path: Path) -> None:
 def test_segment_consumer_seek_back_and_pause(tmp_path: Path) -> None:
     seg = make_segment(tmp_path / "in.seg", per_partition=5)
     reader = SegmentReader(seg)
-    consumer = SegmentConsumer(reader)
+    consumer = segment_consumer(reader)
     assigned: list[Any] = []
 
     def on_assign(c: Any, parts: list[Any]) -> None:

@@ -123,3 +123,69 @@ def stalling_forward(msg: Any, tx: Any) -> None:
         return
     _stalled = True
     _stall(flag, parse_id(msg.value()))
+
+
+def _journal(event: str, msg: Any) -> None:
+    """Append ``EVENT PARTITION OFFSET ID UNIX_SECONDS`` to ``$HTMQC_TEST_OUT``."""
+    line = f"{event} {msg.partition()} {msg.offset()} {parse_id(msg.value())} {time.time():.6f}\n"
+    with _lock, open(os.environ["HTMQC_TEST_OUT"], "a") as out:
+        out.write(line)
+
+
+def sleepy(msg: Any) -> None:
+    """At-least-once: journal ``start``, sleep ``$HTMQC_TEST_SLEEP`` seconds, journal
+    ``done`` (see :func:`_journal`): a test can tell which calls started after a
+    signal and which finished."""
+    _journal("start", msg)
+    time.sleep(float(os.environ["HTMQC_TEST_SLEEP"]))
+    _journal("done", msg)
+
+
+def sleepy_record(msg: Any, tx: Any) -> None:
+    """Exactly-once: :func:`sleepy`, with the effect row of :func:`table_record`
+    written before the sleep."""
+    _journal("start", msg)
+    table_record(msg, tx)
+    time.sleep(float(os.environ["HTMQC_TEST_SLEEP"]))
+    _journal("done", msg)
+
+
+async def async_log_order(msg: Any) -> None:
+    """At-least-once, ``async def``: :func:`log_order` after an ``await``."""
+    import asyncio
+
+    await asyncio.sleep(0)
+    log_order(msg)
+
+
+def two_args(msg: Any, tx: Any) -> None:
+    """A handler for exactly-once, run by mistake in at-least-once mode."""
+
+
+async def async_record(msg: Any, tx: Any) -> None:
+    """Exactly-once, ``async def``: the demo's effect row after an ``await``."""
+    import asyncio
+
+    from examples.effects import record
+
+    await asyncio.sleep(0)
+    record(msg, tx)
+
+
+_sent_once: set[int] = set()
+
+
+async def async_forward_flaky(msg: Any, tx: Any) -> None:
+    """Exactly-once Kafka->Kafka, ``async def``: copy the message to the output
+    topic; on its first attempt in this process a message whose id is divisible
+    by 7 then fails (after sending), so its first send must not reach the output."""
+    import asyncio
+
+    from htmqc import Retryable
+
+    await asyncio.sleep(0)
+    tx.send(None, msg.value(), key=msg.key())
+    ident = parse_id(msg.value())
+    if ident % 7 == 0 and ident not in _sent_once:
+        _sent_once.add(ident)
+        raise Retryable(f"first attempt of {ident}")

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from htmqc.errors import RuntimeFailure
 from htmqc.runtime import Engine, RunOptions
-from htmqc.runtime.engine import _ANY_READERS, _READERS
-from tests.runtime.fakes import FakeConsumer, FakeMessage, FakeProducer, make_logs
+from htmqc.runtime.intake import ANY_READERS, READERS, drop_errors
+from htmqc.testing import FakeConsumer, FakeMessage, FakeProducer, make_logs
 
 TOPIC = "t"
 
@@ -34,7 +34,7 @@ def run_in_thread(engine: Engine) -> threading.Thread:
 
 
 def test_per_key_order_under_parallel_workers() -> None:
-    consumer = FakeConsumer(TOPIC, make_logs(TOPIC, 2, 400, keys=7))
+    consumer = FakeConsumer.from_logs(make_logs(TOPIC, 2, 400, keys=7))
     seen: dict[tuple[int, bytes], list[int]] = defaultdict(list)
     running: set[bytes] = set()
     overlap = {"max": 0, "same_key": 0}
@@ -63,7 +63,7 @@ def test_per_key_order_under_parallel_workers() -> None:
 
 
 def test_max_in_flight_pauses_and_resumes() -> None:
-    consumer = FakeConsumer(TOPIC, make_logs(TOPIC, 2, 300, keys=50))
+    consumer = FakeConsumer.from_logs(make_logs(TOPIC, 2, 300, keys=50))
     gate = threading.Event()
     peak = {"in_flight": 0}
     engine: Engine
@@ -91,7 +91,7 @@ def test_max_in_flight_pauses_and_resumes() -> None:
 
 
 def test_revoke_waits_for_running_work_then_commits_the_watermark() -> None:
-    consumer = FakeConsumer(TOPIC, make_logs(TOPIC, 1, 20, keys=20))
+    consumer = FakeConsumer.from_logs(make_logs(TOPIC, 1, 20, keys=20))
     started = threading.Event()
 
     def handler(msg: Any) -> None:
@@ -113,7 +113,7 @@ def test_revoke_waits_for_running_work_then_commits_the_watermark() -> None:
 
 
 def test_completions_after_revoke_are_ignored_and_nothing_unfinished_is_committed() -> None:
-    consumer = FakeConsumer(TOPIC, make_logs(TOPIC, 1, 5, keys=5))
+    consumer = FakeConsumer.from_logs(make_logs(TOPIC, 1, 5, keys=5))
     gate = threading.Event()
     calls: list[int] = []
 
@@ -142,7 +142,7 @@ def test_completions_after_revoke_are_ignored_and_nothing_unfinished_is_committe
 
 
 def test_failed_message_is_retried_and_holds_back_only_its_key() -> None:
-    consumer = FakeConsumer(TOPIC, make_logs(TOPIC, 1, 6, keys=2))  # k0: 0,2,4  k1: 1,3,5
+    consumer = FakeConsumer.from_logs(make_logs(TOPIC, 1, 6, keys=2))  # k0: 0,2,4  k1: 1,3,5
     order: list[int] = []
     failures = {"n": 0}
 
@@ -164,7 +164,7 @@ def test_failed_message_is_retried_and_holds_back_only_its_key() -> None:
 def test_start_resumes_from_committed_offset_and_skips_finished_above() -> None:
     from htmqc.sinks.encoding import encode_metadata
 
-    consumer = FakeConsumer(TOPIC, make_logs(TOPIC, 1, 10, keys=3))
+    consumer = FakeConsumer.from_logs(make_logs(TOPIC, 1, 10, keys=3))
     consumer.commits[(TOPIC, 0)] = (4, encode_metadata(4, [6, 7]))
     ran: list[int] = []
     engine = engine_for(lambda m: ran.append(m.offset()), consumer, max_messages=4)
@@ -175,7 +175,7 @@ def test_start_resumes_from_committed_offset_and_skips_finished_above() -> None:
 
 @pytest.mark.parametrize("workers", [1, 3])
 def test_poison_message_is_dead_lettered_and_the_rest_proceeds(workers: int) -> None:
-    consumer = FakeConsumer(TOPIC, make_logs(TOPIC, 1, 5, keys=1))
+    consumer = FakeConsumer.from_logs(make_logs(TOPIC, 1, 5, keys=1))
     producer = FakeProducer()
 
     def handler(msg: Any) -> None:
@@ -206,7 +206,7 @@ def test_trace_records_core_transitions(tmp_path: Any) -> None:
     import json
 
     path = tmp_path / "trace.jsonl"
-    consumer = FakeConsumer(TOPIC, make_logs(TOPIC, 1, 3, keys=1))
+    consumer = FakeConsumer.from_logs(make_logs(TOPIC, 1, 3, keys=1))
     engine = engine_for(lambda m: None, consumer, max_messages=3, trace=str(path))
     engine.run(install_signals=False)
     lines = [json.loads(line) for line in path.read_text().splitlines()]
@@ -245,16 +245,16 @@ def test_batches_are_grouped_by_partition_in_order(
     messages once, in their order (with one topic the runs are found in C)."""
     if not retry_topic:
         origins = [(TOPIC, p) for _, p in origins]
-    engine = engine_for(lambda m: None, FakeConsumer(TOPIC, {}), retry_topic=retry_topic)
+    engine = engine_for(lambda m: None, FakeConsumer([]), retry_topic=retry_topic)
     for make, readers in (
-        (lambda t, p, i: FakeMessage(t, p, i, None, b""), _ANY_READERS),
-        (lambda t, p, i: Message(topic=t, partition=p, offset=i), _READERS[Message]),
+        (lambda t, p, i: FakeMessage(t, p, i, None, b""), ANY_READERS),
+        (lambda t, p, i: Message(topic=t, partition=p, offset=i), READERS[Message]),
     ):
         msgs = [make(t, p, i) for i, (t, p) in enumerate(origins)]
         expected: dict[tuple[str, int], list[Any]] = {}
         for m in msgs:
             expected.setdefault((m.topic(), m.partition()), []).append(m)
-        grouped = list(engine._by_partition(msgs, readers[1]))
+        grouped = list(engine.intake.by_partition(msgs, readers[1]))
         assert dict(grouped) == expected
         assert len(grouped) == len(expected)
 
@@ -265,10 +265,10 @@ def test_consumer_errors_are_dropped_and_a_fatal_one_stops_the_run(
     """A KafkaError in a batch is logged and dropped (it cannot be compared with
     None); a fatal one stops the run, also in the form ``consume`` hands it out:
     code ``_FATAL`` with ``fatal()`` false."""
-    engine = engine_for(lambda m: None, FakeConsumer(TOPIC, {}))
+    engine = engine_for(lambda m: None, FakeConsumer([]))
     ok = [FakeMessage(TOPIC, 0, i, None, b"v") for i in range(3)]
     transient = _ErrorMessage(KafkaError(KafkaError._TRANSPORT, "broker went away"))
-    assert engine._drop_errors([ok[0], transient, *ok[1:]]) == ok
+    assert drop_errors([ok[0], transient, *ok[1:]], engine.options) == ok
     assert "broker went away" in caplog.text
     engine.dispatch([transient])  # nothing to run, nothing raised
     for fatal in (
@@ -280,7 +280,7 @@ def test_consumer_errors_are_dropped_and_a_fatal_one_stops_the_run(
 
 
 def test_a_member_id_in_use_under_the_consumer_protocol_is_one_line() -> None:
-    engine = engine_for(lambda m: None, FakeConsumer(TOPIC, {}), member_id="m-1")
+    engine = engine_for(lambda m: None, FakeConsumer([]), member_id="m-1")
     text = (
         "Fatal error: Broker: The instance ID is still used by another member in the "
         "consumer group: ConsumerGroupHeartbeat fatal error"
@@ -291,3 +291,40 @@ def test_a_member_id_in_use_under_the_consumer_protocol_is_one_line() -> None:
         "--member-id 'm-1' is held by a live member of group 'g'; under --group-protocol "
         "consumer the new member is fenced; give each live member its own --member-id"
     )
+
+
+def test_a_broker_that_is_down_is_said_once_and_shown_until_messages_come(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 16, item 6: with the broker killed librdkafka repeated ``Connection
+    refused`` ~900 times and nothing showed it; now one line per error code per
+    30 s, ``/readyz`` and the state say it, and the first message clears it."""
+    engine = engine_for(lambda m: None, FakeConsumer([]))
+    with engine.lock:
+        engine.ownership.any_assigned = True
+    down = _ErrorMessage(KafkaError(KafkaError._TRANSPORT, "Connection refused"))
+    for _ in range(200):
+        engine.dispatch([down])
+    assert caplog.text.count("consumer error") == 1
+    assert engine.broker_down is not None
+    assert engine.ready() == (False, "the broker is unreachable")
+    extra = engine.state_source().state()["extra"]
+    assert extra["broker_down_s"] is not None
+    engine.dispatch([FakeMessage(TOPIC, 1, 0, None, b"v")])  # not held: not run
+    assert engine.broker_down is None and extra
+
+
+def test_librdkafka_lines_repeat_at_most_once_per_period(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import logging
+
+    from htmqc.runtime.launch import librdkafka_logger
+
+    logger = librdkafka_logger()
+    with caplog.at_level(logging.INFO, logger=logger.name):
+        for i in range(300):
+            logger.error("FAIL [thrd:127.0.0.1:%d]: Connection refused (after %dms)", 9000 + i, i)
+        logger.error("another line")
+    lines = [r.getMessage() for r in caplog.records if r.name == logger.name]
+    assert len(lines) == 2 and "Connection refused" in lines[0], lines

@@ -10,8 +10,8 @@ from htmqc.core.retry import FailureKind
 from htmqc.errors import UsageError
 from htmqc.runtime import Engine, RunOptions
 from htmqc.runtime.launch import load_error_kinds
+from htmqc.testing import FakeConsumer, FakeProducer, make_logs
 from tests.runtime.failure_handlers import BadPayload
-from tests.runtime.fakes import FakeConsumer, FakeProducer, make_logs
 from tests.runtime.test_engine_unit import TOPIC
 
 
@@ -52,7 +52,7 @@ def test_a_permanent_user_error_is_dead_lettered_on_first_failure() -> None:
         if msg.offset() == 3:
             raise BadPayload("bad")
 
-    consumer = FakeConsumer(TOPIC, make_logs(TOPIC, 1, 10, keys=2))
+    consumer = FakeConsumer.from_logs(make_logs(TOPIC, 1, 10, keys=2))
     producer = FakeProducer()
     engine = Engine(
         handler,

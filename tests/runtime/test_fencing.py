@@ -18,7 +18,7 @@ from examples.effects import record
 
 from htmqc.runtime import Engine, RunOptions
 from htmqc.sinks import open_sink
-from tests.runtime.fakes import FakeConsumer, FakeMessage
+from htmqc.testing import FakeConsumer, FakeMessage
 
 TOPIC = "z"
 TP = (TOPIC, 0)
@@ -28,30 +28,54 @@ def _messages(lo: int, hi: int) -> list[FakeMessage]:
     return [FakeMessage(TOPIC, 0, i, b"k", f"{i:012d}".encode()) for i in range(lo, hi)]
 
 
-def _member(db: Path, clock: Any = time.monotonic) -> tuple[Engine, FakeConsumer]:
-    consumer = FakeConsumer(TOPIC, {TP: [(b"k", f"{i:012d}".encode()) for i in range(10)]})
+def _member(
+    db: Path, clock: Any = time.monotonic, partitions: int = 1
+) -> tuple[Engine, FakeConsumer]:
+    """An exactly-once engine in lockstep (driven by hand: ``dispatch``, ``settle``,
+    ``commit``), its workers started, on a fake consumer of ``partitions``
+    partitions (partition 1 holds ids 100...)."""
+    logs = {(TOPIC, p): [(b"k", f"{100 * p + i:012d}".encode()) for i in range(10)]
+            for p in range(partitions)}  # fmt: skip
+    consumer = FakeConsumer.from_logs(logs)
     sink = open_sink(f"sqlite:///{db}")
     sink.open("g")
     opts = RunOptions(
         bootstrap="f:1", topic=TOPIC, group="g", mode="exactly-once", sink=f"sqlite:///{db}",
         kafka_config={"session.timeout.ms": 1000},
     )
-    engine = Engine(record, opts, consumer, sink=sink, clock=clock)
+    engine = Engine(record, opts, consumer, sink=sink, clock=clock, lockstep=True)
+    engine.start()
     return engine, consumer
+
+
+def _assign(engine: Engine, consumer: FakeConsumer, *partitions: int) -> None:
+    """The group assigns ``partitions``; the engine's worker claims them in the sink."""
+    engine.on_assign(consumer, [KafkaTP(TOPIC, p) for p in partitions])
+    engine.settle()
+
+
+def _lose(engine: Engine, consumer: FakeConsumer, *partitions: int) -> None:
+    """The group takes ``partitions`` away (lost)."""
+    engine.on_lost(consumer, [KafkaTP(TOPIC, p) for p in partitions])
+    engine.settle()
+
+
+def _run(engine: Engine, msgs: list[FakeMessage]) -> None:
+    """Dispatch ``msgs``, let the worker run them, commit (waiting for the outcome)."""
+    engine.dispatch(msgs)
+    engine.settle()
+    engine.commit(force=True)
+    engine.settle()
 
 
 def test_zombie_transaction_is_fenced(tmp_path: Path) -> None:
     db = tmp_path / "z.db"
     a, ca = _member(db)
     b, cb = _member(db)
-    a.on_assign(ca, [KafkaTP(TOPIC, 0)])
-    b.on_assign(cb, [KafkaTP(TOPIC, 0)])  # the group moved the partition while A stalled
-    b.dispatch(_messages(0, 10))
-    b.run_backlog()
-    b.commit(force=True)
-    a.dispatch(_messages(0, 6))  # A's late batch
-    a.run_backlog()
-    a.commit(force=True)
+    _assign(a, ca, 0)
+    _assign(b, cb, 0)  # the group moved the partition while A stalled
+    _run(b, _messages(0, 10))
+    _run(a, _messages(0, 6))  # A's late batch
     with sqlite3.connect(db) as conn:
         ids = sorted(r[0] for r in conn.execute("SELECT id FROM effects"))
         committed = conn.execute("SELECT committed FROM htmqc_positions").fetchone()[0]
@@ -60,23 +84,19 @@ def test_zombie_transaction_is_fenced(tmp_path: Path) -> None:
     assert a.core.epoch(TP) is None and TP in a.fenced
     assert TP in ca.paused
     a.dispatch(_messages(6, 10))  # fenced partitions run nothing more
-    a.run_backlog()
+    a.settle()
     assert a.in_flight == 0
 
 
 def test_fenced_member_keeps_partitions_nobody_else_claimed(tmp_path: Path) -> None:
     db = tmp_path / "z2.db"
-    a, ca = _member(db)
-    ca.logs[(TOPIC, 1)] = [(b"k", f"{100 + i:012d}".encode()) for i in range(4)]
+    a, ca = _member(db, partitions=2)
     b, cb = _member(db)
-    a.on_assign(ca, [KafkaTP(TOPIC, 0), KafkaTP(TOPIC, 1)])
-    b.on_assign(cb, [KafkaTP(TOPIC, 0)])
-    a.dispatch(
-        _messages(0, 3)
-        + [FakeMessage(TOPIC, 1, i, b"k", f"{100 + i:012d}".encode()) for i in range(4)]
-    )
-    a.run_backlog()
-    a.commit(force=True)  # fenced on partition 0: the whole transaction is rolled back
+    _assign(a, ca, 0, 1)
+    _assign(b, cb, 0)
+    # fenced on partition 0: the whole transaction is rolled back
+    _run(a, _messages(0, 3)
+         + [FakeMessage(TOPIC, 1, i, b"k", f"{100 + i:012d}".encode()) for i in range(4)])
     with sqlite3.connect(db) as conn:  # even the table the handler created was rolled back
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
     assert "effects" not in tables
@@ -92,29 +112,25 @@ def test_a_fenced_partition_still_assigned_after_the_session_is_claimed_again(
     now = [0.0]
     a, ca = _member(db, clock=lambda: now[0])
     b, cb = _member(db)
-    a.on_assign(ca, [KafkaTP(TOPIC, 0)])
-    b.on_assign(cb, [KafkaTP(TOPIC, 0)])  # a racing claim; the group never revokes A
-    a.dispatch(_messages(0, 3))
-    a.run_backlog()
-    a.commit(force=True)
+    _assign(a, ca, 0)
+    _assign(b, cb, 0)  # a racing claim; the group never revokes A
+    _run(a, _messages(0, 3))
     assert TP in a.fenced and a.core.epoch(TP) is None and TP in ca.paused
     now[0] = 0.5
-    a._reclaim_fenced()
+    a.ownership.reclaim_fenced(now[0])
+    a.settle()
     assert TP in a.fenced, "claimed again before the session timeout"
     now[0] = 1.5  # session.timeout.ms=1000 below
-    a._reclaim_fenced()
+    a.ownership.reclaim_fenced(now[0])
+    a.settle()
     assert TP not in a.fenced and a.core.epoch(TP) is not None
     assert TP not in ca.paused, "still paused: the partition would stall"
-    a.dispatch(_messages(0, 10))
-    a.run_backlog()
-    a.commit(force=True)
+    _run(a, _messages(0, 10))
     with sqlite3.connect(db) as conn:
         ids = sorted(r[0] for r in conn.execute("SELECT id FROM effects"))
         committed = conn.execute("SELECT committed FROM htmqc_positions").fetchone()[0]
     assert ids == list(range(10)) and committed == 10
-    b.dispatch(_messages(0, 4))  # B is the stale one now
-    b.run_backlog()
-    b.commit(force=True)
+    _run(b, _messages(0, 4))  # B is the stale one now
     assert TP in b.fenced
 
 
@@ -122,12 +138,70 @@ def test_a_fenced_partition_assigned_back_after_a_loss_is_fetched_again(tmp_path
     db = tmp_path / "z4.db"
     a, ca = _member(db)
     b, cb = _member(db)
-    a.on_assign(ca, [KafkaTP(TOPIC, 0)])
-    b.on_assign(cb, [KafkaTP(TOPIC, 0)])
-    a.dispatch(_messages(0, 3))
-    a.run_backlog()
-    a.commit(force=True)
+    _assign(a, ca, 0)
+    _assign(b, cb, 0)
+    _run(a, _messages(0, 3))
     assert TP in ca.paused, "the fenced partition was not paused"
-    a.on_lost(ca, [KafkaTP(TOPIC, 0)])  # the group takes it away ...
-    a.on_assign(ca, [KafkaTP(TOPIC, 0)])  # ... and later gives it back
+    _lose(a, ca, 0)  # the group takes it away ...
+    _assign(a, ca, 0)  # ... and later gives it back
     assert TP not in ca.paused, "assigned back but still paused: it would never be fetched"
+
+
+def test_a_revoke_past_the_bound_rolls_the_open_transaction_back(tmp_path: Path) -> None:
+    """Partition 1 is revoked while its handler is stuck in the open transaction
+    (past ``--shutdown-seconds``), after partition 0's messages ran in that same
+    transaction: partition 1 is let go uncommitted, the open transaction is
+    rolled back when the handler returns (committing it would store partition
+    1's effects without its position), and partition 0, still ours, is claimed
+    again and re-read from the sink: every effect stored once, none of
+    partition 1's."""
+    import threading
+
+    db = tmp_path / "doom.db"
+    logs = {(TOPIC, p): [(b"k", f"{100 * p + i:012d}".encode()) for i in range(10)]
+            for p in range(2)}  # fmt: skip
+    consumer = FakeConsumer.from_logs(logs)
+    sink = open_sink(f"sqlite:///{db}")
+    sink.open("g")
+    stuck, release = threading.Event(), threading.Event()
+
+    def handler(msg: Any, tx: Any) -> None:
+        record(msg, tx)
+        if (msg.partition(), msg.offset()) == (1, 5) and not stuck.is_set():
+            stuck.set()
+            release.wait(10)
+
+    opts = RunOptions(
+        bootstrap="f:1", topic=TOPIC, group="g", mode="exactly-once", sink=f"sqlite:///{db}",
+        shutdown_seconds=0.3, txn_ms=2000, txn_messages=1000,
+    )
+    engine = Engine(handler, opts, consumer, sink=sink)
+    runner = threading.Thread(target=lambda: engine.run(install_signals=False), daemon=True)
+    runner.start()
+    revoked = (TOPIC, 1)
+    try:
+        assert stuck.wait(10)
+        consumer.rebalance("revoke", [revoked])
+        deadline = time.monotonic() + 10
+        while revoked in consumer.positions and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert revoked not in consumer.positions, "the revoke did not finish within its bound"
+        release.set()
+        while time.monotonic() < deadline:
+            with sqlite3.connect(db) as conn:
+                got = conn.execute(
+                    'SELECT committed FROM htmqc_positions WHERE "partition" = 0'
+                ).fetchone()
+            if got and got[0] == 10:
+                break
+            time.sleep(0.05)
+    finally:
+        release.set()
+        engine.stop()
+        runner.join(10)
+    assert not runner.is_alive()
+    with sqlite3.connect(db) as conn:
+        ids = sorted(r[0] for r in conn.execute("SELECT id FROM effects"))
+        positions = dict(conn.execute('SELECT "partition", committed FROM htmqc_positions'))
+    assert ids == list(range(10)), "effects of the rolled-back transaction were stored"
+    assert positions == {0: 10, 1: 0}

@@ -253,10 +253,14 @@ def kafka_sigkill_scenario(
     flag.touch()
     env = {
         "HTMQC_TEST_STALL": str(flag),
-        "HTMQC_TEST_STALL_AT": "1000",
+        # Past the first two transactions (300 messages each, ids spread over 4
+        # partitions), so some are committed when the process is killed.
+        "HTMQC_TEST_STALL_AT": "3000",
         "HTMQC_TEST_STALL_NTH": str(stall_nth),
     }
-    args = [*kafka_args(out, group, "--txn-messages", "300", *extra)]
+    # Transactions of 300 messages: the time bound must not end them first (the
+    # handler runs off the poll thread, so a transaction ends on its own clock).
+    args = [*kafka_args(out, group, "--txn-messages", "300", "--txn-ms", "60000", *extra)]
     args[0] = f"{HANDLERS}:stalling_forward"
     first = htmqc_run(bootstrap, topic, *args, env=env, log=log)
     try:

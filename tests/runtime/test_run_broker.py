@@ -146,18 +146,22 @@ def test_offset_gaps_from_aborted_transactions(
         consumer.close()
 
 
+@pytest.mark.parametrize("handler", ["log_order", "async_log_order"])
 def test_per_key_order_with_parallel_workers_at_least_once(
-    broker: Broker, new_topic: Any, tmp_path: Path
+    broker: Broker, new_topic: Any, tmp_path: Path, handler: str
 ) -> None:
+    """Per-key order with 4 workers; ``async_log_order`` is the same as an
+    ``async def`` (its coroutine must run, on the one event-loop thread)."""
     topic = new_topic(partitions=2)
     produce(broker.bootstrap, topic, 4000, keys=20)
     out, log = tmp_path / "order.txt", tmp_path / "run.log"
+    group = f"g-order-{handler}"
     proc = htmqc_run(
         broker.bootstrap,
         topic,
-        "tests.runtime.handlers:log_order",
+        f"tests.runtime.handlers:{handler}",
         "--group",
-        "g-order",
+        group,
         "--workers",
         "4",
         "--idle-exit",
@@ -175,8 +179,8 @@ def test_per_key_order_with_parallel_workers_at_least_once(
     assert sum(len(v) for v in per_key.values()) == 4000
     for ids in per_key.values():
         assert ids == sorted(ids), "a key's messages ran out of order"
-    assert len(threads) > 1
-    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "g-order"})
+    assert len(threads) == 1 if handler.startswith("async") else len(threads) > 1
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
     try:
         parts = [TopicPartition(topic, p) for p in range(2)]
         committed = consumer.committed(parts, timeout=10)
@@ -268,11 +272,11 @@ def test_poison_message_goes_to_the_dlq_at_least_once(
 
 
 def test_real_batches_take_the_c_level_readers(broker: Broker, new_topic: Any) -> None:
-    """What librdkafka hands out is the type dispatch reads in C (``_READERS``); were it
+    """What librdkafka hands out is the type intake reads in C (``READERS``); were it
     another type, every message would take the slow by-name path (correct, but
     several times the cost), and the at-least-once benchmark would show it."""
     from htmqc.runtime import RunOptions, build_engine
-    from htmqc.runtime.engine import _READERS
+    from htmqc.runtime.intake import READERS
 
     topic = new_topic(partitions=2)
     produce(broker.bootstrap, topic, 200, keys=10)
@@ -280,4 +284,4 @@ def test_real_batches_take_the_c_level_readers(broker: Broker, new_topic: Any) -
     opts = RunOptions(bootstrap=broker.bootstrap, topic=topic, group="g-readers", max_messages=200)
     engine = build_engine(lambda msg: kinds.add(type(msg)), opts)
     assert engine.run(install_signals=False) == 200
-    assert kinds and kinds <= set(_READERS), kinds
+    assert kinds and kinds <= set(READERS), kinds

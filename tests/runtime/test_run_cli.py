@@ -48,7 +48,7 @@ def test_bad_handler(capsys: pytest.CaptureFixture[str], handler: str, needle: s
 def test_unreachable_broker_and_no_secret_in_output(capsys: pytest.CaptureFixture[str]) -> None:
     code, err = run(
         capsys,
-        "examples.printer:show",
+        "examples.effects:record",
         *BASE,
         "--kafka-config",
         "sasl.password=hunter2",

@@ -264,20 +264,27 @@ class _MovingCoordinator:
         return [KafkaTopicPartition(p.topic, p.partition, -1001) for p in parts]
 
 
+def _read_offsets_from(sink: KafkaSink, consumer: Any) -> None:
+    """Bind ``consumer`` and let the sink read the committed offsets from it (the
+    sink reads them with a consumer of its own, off the group consumer's thread)."""
+    sink.bind(consumer)
+    sink._offsets = consumer
+
+
 def test_claim_waits_out_a_moving_group_coordinator() -> None:
     """A coordinator that moves or loads (a broker restart, a new offsets-topic
     leader: seen on the three-node cluster) is asked again until the timeout;
     any other error, or one that outlasts the timeout, is a one-line failure."""
     sink = KafkaSink("out", bootstrap="127.0.0.1:1", timeout=2)
     moving = _MovingCoordinator(KafkaError.NOT_COORDINATOR, failures=3)
-    sink.bind(moving)
+    _read_offsets_from(sink, moving)
     assert sink.claim([("in", 0)], default_start=lambda tp: 7)[("in", 0)].committed == 7
     assert moving.calls == 4
     for consumer in (
         _MovingCoordinator(KafkaError.COORDINATOR_LOAD_IN_PROGRESS, failures=1000),
         _MovingCoordinator(KafkaError.GROUP_AUTHORIZATION_FAILED, failures=1),
     ):
-        sink.bind(consumer)
+        _read_offsets_from(sink, consumer)
         with pytest.raises(RuntimeFailure, match="reading the committed offsets") as info:
             sink.claim([("in", 0)], default_start=lambda tp: 0)
         assert "\n" not in info.value.line()

@@ -28,12 +28,17 @@ Metric names (all prefixed ``htmqc_``)::
     duplicates_suppressed_total                        counter
     rebalances_total                                   counter
     contract_violations_total                          counter
+    breaker_transitions_total{event}                   counter; event: a BreakerEvent value
+    breaker_open                                       gauge (scrape time): 1 unless closed
     consumer_lag{topic,partition}                      gauge (scrape time; needs high watermark)
     in_flight                                          gauge (scrape time)
     flow_window                                        gauge (scrape time; if a flow window exists)
     paused_partitions                                  gauge (scrape time)
     offset{topic,partition,kind}                       gauge (scrape time); committed|processed|next
     state_up                                           gauge: 1 if the state source answered
+
+and, unprefixed, prometheus_client's ``process_*`` (resident and virtual memory,
+CPU seconds, open and maximum file descriptors, start time) of this process.
 
 Labels carry only topic names, partition numbers and the fixed words above:
 never message content, keys or configuration values. An unknown ``outcome`` or
@@ -50,7 +55,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from operator import add, sub
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, ProcessCollector, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
@@ -215,6 +220,13 @@ def _state_families(source: StateSource | None) -> Iterator[Metric]:
         "Partitions whose fetching is paused",
         doc.get("paused_partitions", 0),
     )
+    breaker = (doc.get("extra") or {}).get("breaker")
+    if breaker is not None:
+        yield _gauge(
+            "htmqc_breaker_open",
+            "1 while the circuit breaker holds work back (not closed)",
+            0 if breaker.get("state") == "Closed" else 1,
+        )
     flow = doc.get("flow")
     if flow is not None:
         yield _gauge("htmqc_flow_window", "Adaptive in-flight window (AIMD)", flow["window"])
@@ -253,6 +265,12 @@ class Metrics:
         self._violations = Counter(
             "htmqc_contract_violations", "Core contract violations detected", registry=r
         )
+        self._breaker = Counter(
+            "htmqc_breaker_transitions",
+            "Circuit-breaker state changes, by event",
+            ["event"],
+            registry=r,
+        )
         # Known label values start at zero, so increase() and alerts see the first event.
         self._dlq_children = {kind: self._dlq.labels(kind) for kind in DLQ_KINDS}
         self._processed_children: dict[tuple[str, int, str], Any] = {}
@@ -268,6 +286,7 @@ class Metrics:
             "htmqc_commit_latency_seconds", "Time from commit request to ack", LATENCY_BUCKETS
         )
         r.register(_ScrapeCollector(self))
+        ProcessCollector(registry=r)
 
     # -- events (hot path: call once per batch) ------------------------------------------
 
@@ -318,6 +337,10 @@ class Metrics:
     def rebalanced(self, n: int = 1) -> None:
         """A rebalance happened."""
         self._rebalances.inc(n)
+
+    def breaker(self, event: str) -> None:
+        """The circuit breaker changed state by ``event`` (a ``BreakerEvent`` value)."""
+        self._breaker.labels(event).inc()
 
     def contract_violated(self, n: int = 1) -> None:
         """A core contract was violated (a bug: the alert fires on any)."""

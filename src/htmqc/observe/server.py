@@ -5,7 +5,12 @@ Routes (GET and HEAD only; anything else is ``405``)::
     /metrics      Prometheus text format (from :class:`~htmqc.observe.metrics.Metrics`)
     /state.json   the state document (:mod:`htmqc.observe.state`)
     /state        the live page (``page.html``), refreshing from /state.json
-    /healthz      ``ok``
+    /healthz      liveness: 200 ``ok``, or 503 and the reason (``health.live()``)
+    /readyz       readiness: 200 ``ready``, or 503 and the reason (``health.ready()``)
+
+Without a ``health`` (:class:`Health`), ``/healthz`` is always ``ok`` and
+``/readyz`` follows it. A client that goes away mid-answer is dropped quietly
+(no traceback on stderr).
 
 Safety: binds to ``127.0.0.1`` unless ``host`` is given explicitly. Each
 connection has ``request_timeout`` seconds, in total, to send its request head
@@ -22,11 +27,12 @@ from __future__ import annotations
 import io
 import json
 import socket
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -37,6 +43,29 @@ from htmqc.observe.state import StateSource
 #: Largest request head accepted, bytes.
 MAX_HEAD = 16 * 1024
 _END_OF_HEAD = b"\r\n\r\n"
+
+
+class Health(Protocol):
+    """What ``/healthz`` and ``/readyz`` ask; each answer is ``(ok, reason)`` and
+    must not block (read plain attributes, take no lock the engine holds)."""
+
+    def live(self) -> tuple[bool, str]:
+        """Whether the process is doing its work (else it should be restarted)."""
+        ...
+
+    def ready(self) -> tuple[bool, str]:
+        """Whether it is consuming (else traffic and alerts should look elsewhere)."""
+        ...
+
+
+def _probe(check: Any, word: str) -> Any:
+    """A route answering ``check()``: 200 ``word`` or 503 with the reason."""
+
+    def answer() -> tuple[int, bytes]:
+        ok, reason = check()
+        return (200, f"{word}\n".encode()) if ok else (503, f"{reason}\n".encode())
+
+    return answer
 
 
 def _page() -> bytes:
@@ -81,7 +110,8 @@ class _Handler(BaseHTTPRequestHandler):
                 status, ctype, body = 404, "text/plain; charset=utf-8", b"not found\n"
             else:
                 ctype, make = route
-                status, body = 200, make()
+                answer = make()
+                status, body = answer if isinstance(answer, tuple) else (200, answer)
         except Exception as exc:  # a broken source answers 500, the server lives on
             status, ctype = 500, "text/plain; charset=utf-8"
             body = f"state unavailable: {type(exc).__name__}\n".encode()
@@ -93,6 +123,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if send_body:
             self.wfile.write(body)
+
+    def handle_one_request(self) -> None:
+        try:
+            super().handle_one_request()
+        except (BrokenPipeError, ConnectionResetError):  # the client went away
+            self.close_connection = True
 
     def log_message(self, format: str, *args: Any) -> None:
         """Quiet: scrapes every few seconds would flood stderr."""
@@ -138,6 +174,11 @@ class _Server(ThreadingHTTPServer):
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return  # the client went away: nothing to report
+        super().handle_error(request, client_address)
+
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
             self.shutdown_request(request)
@@ -156,7 +197,8 @@ class _Server(ThreadingHTTPServer):
 
 
 class ObserveServer:
-    """Serves ``/metrics``, ``/state.json``, ``/state`` and ``/healthz`` (module docs).
+    """Serves ``/metrics``, ``/state.json``, ``/state``, ``/healthz`` and ``/readyz``
+    (module docs).
 
     ``metrics`` may be ``None`` (then ``/metrics`` is 404); ``source`` defaults to
     ``metrics.source``.
@@ -170,6 +212,7 @@ class ObserveServer:
         host: str = "127.0.0.1",
         request_timeout: float = 5.0,
         max_connections: int = 32,
+        health: Health | None = None,
     ) -> None:
         if source is None and metrics is not None:
             source = metrics.source
@@ -180,6 +223,7 @@ class ObserveServer:
         self.host = host
         self.request_timeout = request_timeout
         self.max_connections = max_connections
+        self.health = health
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -193,8 +237,15 @@ class ObserveServer:
             ),
             "/state": ("text/html; charset=utf-8", lambda: page),
             "/": ("text/html; charset=utf-8", lambda: page),
-            "/healthz": ("text/plain; charset=utf-8", lambda: b"ok\n"),
         }
+        text = "text/plain; charset=utf-8"
+        health = self.health
+        if health is None:
+            routes["/healthz"] = (text, lambda: b"ok\n")
+            routes["/readyz"] = (text, lambda: b"ready\n")
+        else:
+            routes["/healthz"] = (text, _probe(health.live, "ok"))
+            routes["/readyz"] = (text, _probe(health.ready, "ready"))
         if self.metrics is not None:
             routes["/metrics"] = (CONTENT_TYPE_LATEST, self.metrics.exposition)
         return routes

@@ -195,3 +195,32 @@ class CoreStateSource:
                 started_at=self.started_at,
                 max_offsets=self._max_offsets,
             )
+
+
+class LastSnapshot:
+    """A :class:`StateSource` serving the document last published by the poll
+    thread (:meth:`publish`): a reader never takes the engine's lock, so an HTTP
+    request, a scrape or the Redis mirror answers at once even while the engine
+    is inside a long rebalance callback or a slow sink call; what it serves is at
+    most one publishing period old (``published_at`` says when, monotonic).
+
+    :meth:`state` raises :class:`LookupError` before the first :meth:`publish`
+    (the server answers 500: nothing to show yet).
+    """
+
+    def __init__(self, source: StateSource) -> None:
+        self.source = source
+        self._doc: dict[str, Any] | None = None
+        self.published_at: float | None = None
+
+    def publish(self) -> None:
+        """Read ``source`` now (the caller may hold the engine's lock) and keep it."""
+        self._doc = self.source.state()
+        self.published_at = time.monotonic()
+
+    def state(self) -> dict[str, Any]:
+        """The last published document."""
+        doc = self._doc
+        if doc is None:
+            raise LookupError("no state published yet")
+        return doc

@@ -3,11 +3,10 @@ through the runtime offline.
 
 * :mod:`htmqc.replay.segment`: the segment file format (versioned, checksummed),
   writer and memory-mapped, zero-copy reader;
-* :mod:`htmqc.replay.consumer`: :class:`SegmentConsumer`, a stand-in for
-  ``confluent_kafka.Consumer`` that serves a segment in order;
 * :mod:`htmqc.replay.faults`: a seeded schedule of handler faults;
 * :mod:`htmqc.replay.capture`: ``htmqc capture``;
-* :mod:`htmqc.replay.run`: ``htmqc replay``.
+* :mod:`htmqc.replay.run`: ``htmqc replay`` (the segment is served by
+  :class:`htmqc.testing.FakeConsumer`, in file order).
 """
 
 from htmqc.replay.segment import (

@@ -1,30 +1,34 @@
 """``htmqc replay``: feed a segment through the runtime, offline and deterministic.
 
 :func:`replay` runs the same :class:`~htmqc.runtime.Engine` as ``htmqc run``,
-with a :class:`~htmqc.replay.consumer.SegmentConsumer` in place of the Kafka
-consumer, so the handler sees the captured records in the captured order and
-the same sinks store their effects. What makes two replays of one segment
-identical (same handler calls, same trace lines, same effects):
+with a :class:`~htmqc.testing.FakeConsumer` serving the segment in place of the
+Kafka consumer (:func:`segment_consumer`: in file order, a paused partition's
+next record ends a batch instead of being skipped), so the handler sees the
+captured records in the captured order and the same sinks store their effects.
+What makes two replays of one segment identical (same handler calls, same
+trace lines, same effects):
 
-* the engine's clock is a :class:`VirtualClock` that advances a fixed tick per
-  reading, so commit and transaction timing depend only on the work done;
-* handlers run on the poll thread (``workers = 1``, no thread pool), with the
-  fixed flow window (``--flow fixed``) and without the engine's time slice
-  between polls (the whole backlog runs before the next poll);
+* the engine's one clock is a :class:`VirtualClock` that advances a fixed tick
+  per reading (wall time too), so commit and transaction timing depend only on
+  the work done (``txn_ms`` ends a transaction in virtual time too: the
+  exactly-once worker reads the same clock);
+* one worker (``workers = 1``), the fixed flow window (``--flow fixed``), and
+  the engine in lockstep: after each turn it waits until the worker is idle,
+  so every event comes in an order that is a function of the input;
 * retry delays are zero (a retry runs at the next turn of the loop), since
   wall-clock backoff would make the interleaving depend on the machine;
 * ``--faults SEED``: handler exceptions from a seeded
   :class:`~htmqc.replay.faults.FaultSchedule`.
 
-At-least-once dead letters are kept in memory (:class:`LocalDeadLetters`; no
-broker is needed) and reported; exactly-once ones go into the sink, as in a
-live run. The replay ends when the segment is served and the engine has been
-idle for a short virtual while.
+At-least-once dead letters are kept in memory (a
+:class:`~htmqc.testing.FakeProducer`; no broker is needed) and reported;
+exactly-once ones go into the sink, as in a live run. The replay ends when the
+segment is served and the engine has been idle for a short virtual while.
 """
 
 from __future__ import annotations
 
-import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,11 +37,11 @@ from typing import Any
 
 from htmqc.errors import UsageError
 from htmqc.progress import progress as show_progress
-from htmqc.replay.consumer import SegmentConsumer
 from htmqc.replay.faults import FaultSchedule
 from htmqc.replay.segment import SegmentReader
-from htmqc.runtime.engine import Engine
+from htmqc.runtime.loop import Engine
 from htmqc.runtime.options import EXACTLY_ONCE, MODES, RunOptions
+from htmqc.testing import FakeConsumer, FakeProducer
 
 #: Seconds the virtual clock advances per reading.
 TICK = 0.001
@@ -45,54 +49,41 @@ TICK = 0.001
 IDLE_EXIT = 0.5
 
 
+#: Unix seconds the virtual wall clock starts at (2026-01-01).
+WALL_START = 1_767_225_600.0
+
+
 class VirtualClock:
-    """A clock that advances ``tick`` seconds each time it is read."""
+    """A :class:`~htmqc.ports.Clock` that advances ``tick`` seconds each time it
+    is read (monotonic and wall alike; thread-safe)."""
 
     def __init__(self, tick: float = TICK) -> None:
         self.tick = tick
         self.readings = 0
+        self._lock = threading.Lock()
 
-    def __call__(self) -> float:
-        self.readings += 1
-        return self.readings * self.tick
+    def monotonic(self) -> float:
+        """The next reading."""
+        with self._lock:
+            self.readings += 1
+            return self.readings * self.tick
+
+    def wall(self) -> float:
+        """The next reading, as unix seconds from :data:`WALL_START`."""
+        return WALL_START + self.monotonic()
 
 
-class ReplayEngine(Engine):
-    """The runtime engine, running the whole backlog between two polls."""
-
-    def run_backlog(self, budget: float = math.inf) -> None:
-        super().run_backlog(budget)
-
-
-class LocalDeadLetters:
-    """The dead-letter producer of an offline replay: keeps the records."""
-
-    def __init__(self) -> None:
-        self.records: list[tuple[str, bytes | None, bytes | None, list[Any]]] = []
-
-    def produce(
-        self,
-        topic: str,
-        value: bytes | None = None,
-        key: bytes | None = None,
-        headers: list[Any] | None = None,
-        on_delivery: Callable[[Any, Any], None] | None = None,
-    ) -> None:
-        self.records.append((topic, key, value, list(headers or [])))
-        if on_delivery is not None:
-            on_delivery(None, None)
-
-    def flush(self, timeout: float | None = None) -> int:
-        return 0
-
-    def sources(self) -> list[str]:
-        """``topic/partition/offset`` of each dead-lettered record, in order."""
-        out = []
-        for _topic, _key, _value, headers in self.records:
-            for name, raw in headers:
-                if name == "htmqc-dlq-source" and raw is not None:
-                    out.append(bytes(raw).decode())
-        return out
+def segment_consumer(
+    reader: SegmentReader, on_progress: Callable[[int], None] | None = None
+) -> FakeConsumer:
+    """A consumer serving ``reader``'s records in file order (module docs)."""
+    return FakeConsumer(
+        reader,
+        ranges={tp: (r.start, r.end) for tp, r in reader.ranges.items()},
+        strict=True,
+        idle_sleep=0.0,
+        on_progress=on_progress,
+    )
 
 
 @dataclass
@@ -137,6 +128,7 @@ def replay(
     trace: str | None = None,
     max_retries: int = 3,
     txn_messages: int = 1000,
+    txn_ms: float = 100.0,
     batch_size: int = 500,
     progress: bool = False,
 ) -> ReplayReport:
@@ -181,14 +173,15 @@ def replay(
         backoff_ms=0.0,
         backoff_max_ms=0.0,
         txn_messages=txn_messages,
+        txn_ms=txn_ms,
         batch_size=batch_size,
     )
-    dead = LocalDeadLetters()
+    dead = FakeProducer()
     started = time.perf_counter()
     try:
         with show_progress(len(reader), "replayed", enabled=progress) as advance:
-            consumer = SegmentConsumer(reader, on_progress=advance)
-            engine = ReplayEngine(
+            consumer = segment_consumer(reader, on_progress=advance)
+            engine = Engine(
                 handler,
                 options,
                 consumer,
@@ -196,12 +189,13 @@ def replay(
                 producer_factory=lambda: dead,
                 clock=VirtualClock(),
                 seed=faults or 0,
+                lockstep=True,
             )
             consumer.on_commit = engine.on_commit
             finished = engine.run(install_signals=False)
     finally:
         reader.close()
-        if opened is not None and hasattr(opened, "close"):
+        if opened is not None:
             opened.close()
     return ReplayReport(
         path=str(path),
@@ -211,6 +205,6 @@ def replay(
         seconds=round(time.perf_counter() - started, 3),
         faults_scheduled=len(schedule.failures) if schedule else 0,
         faults_injected=schedule.injected if schedule else 0,
-        dead_letters=dead.sources(),
+        dead_letters=dead.header_values("htmqc-dlq-source"),
         trace=trace,
     )

@@ -1,38 +1,38 @@
-"""How finished work becomes durable: the two delivery modes.
+"""How finished work becomes durable: the two delivery modes, poll-thread side.
 
 Theory of operation
 -------------------
-The engine asks the core what to commit (:meth:`ConsumerCore.commits`) and
-hands the :class:`~htmqc.core.Commit` values to a *delivery*:
+The loop asks the core what to commit (:meth:`ConsumerCore.commits`) and hands
+the :class:`~htmqc.core.Commit` values to a *delivery*:
 
 * :class:`AtLeastOnce` commits each partition's watermark to Kafka with an
   asynchronous ``commit`` (``finished_above`` goes into the commit metadata, so
   a restart skips work finished out of order); the ``on_commit`` callback
-  arrives on the poll thread and is queued as acks/failures for the core.
-* :class:`ExactlyOnce` runs every handler inside the open sink transaction
-  (``with txn.message(): handler(msg, txn.handle)``) and, when the transaction
-  is full (``txn_messages``) or old (``txn_ms``), stores the commits in it,
-  fenced (:meth:`SinkTransaction.commit`). The core hears ``commit_acked`` only
-  after the sink committed. Handlers of one transaction share one connection,
-  so in this mode they run one at a time on the poll thread.
+  arrives on the poll thread and is queued as acks/failures for the core. It is
+  also the lanes' :class:`~htmqc.runtime.workers.Outbox`: dead letters and
+  retry records are produced and waited for on the lane of the message's key.
+* :class:`ExactlyOnce` is the poll thread's half of the commit handshake with
+  the :class:`~htmqc.runtime.workers.TransactionWorker` (see there): it answers
+  ``commit_due`` with the core's commits and the fences of the claims, acks
+  them once ``committed`` comes back, asks for a commit when the worker is
+  idle and a transaction period passed (so progress over gaps and dead letters
+  is stored too), and commits on demand (revoke, shutdown) within a bound.
 
-Dead letters (a message whose handler failed for good, a poison message, or a
-message above ``--max-message-bytes``) carry a
-:class:`~htmqc.dlq.record.DeadLetterInfo` and go to ``info.target(topic)``
-(``<topic>.dlq``, or ``<topic>.dlq.poison`` for poison) with the headers of
-:mod:`htmqc.dlq.headers`: at-least-once writes them with a producer and waits
-for the broker's ack before the core hears ``dead_lettered``; exactly-once
-writes them in the sink transaction (a row of ``htmqc_dead_letters``, see
-:mod:`htmqc.dlq.table`, for SQL sinks; a record on the DLQ topic for the Kafka
-sink), so a message ends with its effect or its dead letter, never neither and
-never both.
+Dead letters carry a :class:`~htmqc.dlq.record.DeadLetterInfo` and go to
+``info.target(topic)`` (``<topic>.dlq``, or ``<topic>.dlq.poison``) with the
+headers of :mod:`htmqc.dlq.headers`: at-least-once writes them with a producer
+and waits for the broker's ack before the core hears ``dead_lettered``;
+exactly-once writes them in the sink transaction
+(:meth:`~htmqc.ports.SinkTransaction.dead_letter`), so a message ends with its
+effect or its dead letter, never neither and never both.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from htmqc.core import Commit, ConsumerCore
 from htmqc.core.decisions import TopicPartition
@@ -40,9 +40,15 @@ from htmqc.dlq import table as dlq_table
 from htmqc.dlq.headers import dlq_headers
 from htmqc.dlq.record import DeadLetterInfo, dlq_topic
 from htmqc.errors import RuntimeFailure
-from htmqc.sinks import Fenced, Sink, SinkTransaction
+from htmqc.ports import ConsumerPort, Headers, Message, ProducerPort
+from htmqc.runtime.workers import Payload, TransactionWorker
 from htmqc.sinks.encoding import encode_metadata
 
+if TYPE_CHECKING:
+    from htmqc.runtime.loop import Engine
+
+#: Real seconds a commit on demand may always take, even past the bound it was given.
+COMMIT_GRACE = 0.5
 #: The dead-letter table of a SQL sink with the default table prefix.
 DLQ_TABLE = dlq_table.table_name()
 
@@ -52,10 +58,13 @@ __all__ = ["DLQ_TABLE", "AtLeastOnce", "ExactlyOnce", "dlq_topic"]
 class AtLeastOnce:
     """Kafka commits of the watermark, asynchronous, acked through the core."""
 
-    def __init__(self, consumer: Any, producer_factory: Callable[[], Any]) -> None:
+    def __init__(
+        self, consumer: ConsumerPort | None, producer_factory: Callable[[], ProducerPort]
+    ) -> None:
         self.consumer = consumer
         self._producer_factory = producer_factory
-        self._producer: Any = None
+        self._producer: ProducerPort | None = None
+        self._producer_lock = threading.Lock()
         self._pending: dict[tuple[TopicPartition, int], int] = {}
         self.acks: list[tuple[Any, list[Any]]] = []
 
@@ -84,6 +93,7 @@ class AtLeastOnce:
 
         if not commits:
             return
+        assert self.consumer is not None
         offsets = [
             KafkaTP(
                 c.tp[0], c.tp[1], c.offset, metadata=encode_metadata(c.offset, c.finished_above)
@@ -105,34 +115,38 @@ class AtLeastOnce:
         self.acks.append((None, result or []))
         self.drain_acks(core)
 
-    def dead_letter(self, topic: str, msg: Any, info: DeadLetterInfo) -> None:
+    def dead_letter(self, topic: str, msg: Message, info: DeadLetterInfo) -> None:
         """Write ``msg`` (same key and value, headers of :func:`dlq_headers`) to
         ``info.target(topic)`` and wait for the broker's ack.
 
         :raises RuntimeFailure: the dead letter could not be written (the message
             then stays unfinished, so nothing is committed past it).
         """
-        self.send(info.target(topic), msg.value(), msg.key(), _dlq_headers(msg, info))
+        self.send(info.target(topic), msg.value(), msg.key(), dlq_headers(msg, info))
 
-    def send(
-        self, topic: str, value: bytes | None, key: bytes | None, headers: list[tuple[str, bytes]]
-    ) -> None:
+    def forward(self, topic: str, msg: Message, headers: Headers) -> None:
+        """Write ``msg`` to ``topic`` (the retry topic) and wait for the ack."""
+        self.send(topic, msg.value(), msg.key(), headers)
+
+    def send(self, topic: str, value: bytes | None, key: bytes | None, headers: Headers) -> None:
         """Produce one record and wait for the broker's ack (dead letters, retry
         records: the source offset may be finished only once its copy exists).
 
         :raises RuntimeFailure: the broker did not take it within 30 s.
         """
-        if self._producer is None:
-            self._producer = self._producer_factory()
+        with self._producer_lock:
+            if self._producer is None:
+                self._producer = self._producer_factory()
+            producer = self._producer
         errors: list[Any] = []
-        self._producer.produce(
+        producer.produce(
             topic,
             value=value,
             key=key,
             headers=headers,
             on_delivery=lambda err, _m: errors.append(err) if err is not None else None,
         )
-        remaining = self._producer.flush(30)
+        remaining = producer.flush(30)
         if remaining or errors:
             raise RuntimeFailure(
                 f"could not write to {topic}: {errors[0] if errors else 'timed out'}",
@@ -146,89 +160,98 @@ class AtLeastOnce:
 
 
 class ExactlyOnce:
-    """Effects and positions in one sink transaction (see module docs)."""
+    """The poll thread's half of exactly-once delivery (see module docs)."""
 
-    def __init__(self, sink: Sink, txn_messages: int, txn_ms: float) -> None:
-        self.sink = sink
-        self.txn_messages = txn_messages
-        self.txn_seconds = txn_ms / 1000.0
-        self.txn: SinkTransaction | None = None
-        self.started_at = 0.0
-        self.finished_at = time.monotonic()
-        self.count = 0
-        self.fences: dict[TopicPartition, int] = {}
+    def __init__(self, engine: Engine, worker: TransactionWorker, txn_seconds: float) -> None:
+        self.engine = engine
+        self.worker = worker
+        self.txn_seconds = txn_seconds
+        #: A ``commit_due`` was answered and its outcome has not come back.
+        self.in_flight = False
+        #: A commit was asked for (``commit`` request) and not answered yet.
+        self.asked = False
+        self.last_commit = engine.clock.monotonic()
+        #: Commits acknowledged by the sink (tests, benchmarks).
+        self.commits = 0
+        #: The last :meth:`commit_now` timed out (the worker was in a handler).
+        self.stuck = False
 
-    def current(self) -> SinkTransaction:
-        """The open transaction, opened if needed."""
-        txn = self.txn
-        if txn is None:
-            txn = self.txn = self.sink.begin()
-            self.started_at = time.monotonic()
-            self.count = 0
-        return txn
+    def payload(self) -> Payload:
+        """The core's commits with the fences of the claims (the ``commit_due`` answer)."""
+        e = self.engine
+        fences = e.ownership.fences
+        return [(c, fences[c.tp]) for c in e.core.commits() if c.tp in fences]
 
-    def due(self, now: float) -> bool:
-        """Whether to commit now: the open transaction is full or old, or (with none
-        open) a transaction period passed, so progress over gaps is stored too."""
-        if self.txn is None:
-            return now - self.finished_at >= self.txn_seconds
-        return self.count >= self.txn_messages or now - self.started_at >= self.txn_seconds
+    def serve(self, report: tuple[Any, ...]) -> None:
+        """A commit report of the worker (``commit_due``, ``committed``, ``fenced``,
+        ``aborted``)."""
+        e = self.engine
+        kind = report[0]
+        if kind == "commit_due":
+            self.asked = False
+            self.in_flight = True
+            payload = self.payload()
+            if payload:
+                self.worker.sink.before_commit()
+            self.worker.answer(payload)
+            return
+        self.in_flight = self.stuck = False
+        self.last_commit = e.clock.monotonic()
+        if kind == "committed":
+            payload, seconds = report[1], report[2]
+            for commit, _fence in payload:
+                e.core.commit_acked(commit.tp, commit.epoch, commit.offset)
+            self.commits += 1
+            if payload and e.metrics is not None:
+                e.metrics.observe_commit_latencies([seconds])
+        elif kind == "fenced":
+            e.ownership.fenced_by(report[1])
+        elif kind == "aborted":
+            e.ownership.sink_ready()
 
-    def finish(self, core: ConsumerCore) -> None:
-        """Commit the open transaction with the core's commits, then ack them. With
-        no transaction open, one is opened only if the core has something to store
-        (offsets that were gaps).
+    def settled(self) -> bool:
+        """No commit asked for or under way."""
+        return not self.asked and not self.in_flight
 
-        :raises Fenced: a partition's fence was stale; nothing was stored and the
-            core has not been told anything (the caller drops the partitions).
-        """
-        self.finished_at = time.monotonic()
-        commits = [c for c in core.commits() if c.tp in self.fences]
-        txn = self.txn
-        if txn is None:
-            if not commits:
-                return
-            txn = self.current()
-        self.txn = None
-        try:
-            txn.commit([(c, self.fences[c.tp]) for c in commits])
-        except Fenced:
-            raise
-        except BaseException:
-            txn.abort()
-            for c in commits:
-                core.commit_failed(c.tp, c.epoch, c.offset)
-            raise
-        for c in commits:
-            core.commit_acked(c.tp, c.epoch, c.offset)
+    def ask(self) -> None:
+        """Ask the worker to commit before its next handler call."""
+        if self.settled():
+            self.asked = True
+            self.worker.request(("commit",))
 
-    def abort(self) -> None:
-        """Roll back the open transaction, if any."""
-        if self.txn is not None:
-            self.txn.abort()
-            self.txn = None
+    def tick(self, now: float) -> None:
+        """Each turn: with the worker idle and a transaction period over, commit
+        whatever the core has (gaps, dead letters, the open transaction's tail)."""
+        if (
+            self.settled()
+            and self.worker.idle
+            and now - self.last_commit >= self.txn_seconds
+        ):
+            self.last_commit = now
+            # Not ``core.commits()`` to see whether there is anything: asking the
+            # core for its commits marks them requested (only the answer to the
+            # worker's ``commit_due`` may). An empty handshake costs no sink call.
+            self.ask()
 
-    def dead_letter(self, topic: str, msg: Any, info: DeadLetterInfo) -> None:
-        """Write ``msg``'s dead letter inside the open transaction, in its own
-        message scope: for the Kafka sink a record on ``info.target(topic)``;
-        for SQL sinks a row of the sink's dead-letter table
-        (:mod:`htmqc.dlq.table`; ``redriven_at`` NULL)."""
-        txn = self.current()
-        with txn.message():
-            if self.sink.name == "kafka":
-                txn.handle.send(
-                    info.target(topic), msg.value(), key=msg.key(), headers=_dlq_headers(msg, info)
-                )
-                return
-            prefix = str(getattr(self.sink, "positions_table", "htmqc_positions"))
-            table = dlq_table.table_name(prefix.removesuffix("positions"))
-            dlq_table.insert(txn.handle, table, self.sink.name, msg, info)
+    def commit_now(self, deadline: float) -> bool:
+        """Commit the open transaction (and wait for the outcome) before the real
+        time ``deadline`` (or :data:`COMMIT_GRACE` from now, if later: a worker that
+        is idle gets that long to store it); False if it could not be done in time.
+        After a failure, while the worker is still busy (the same handler call), a
+        second ask fails at once: the grace is not paid twice (shutdown, then the
+        revoke its ``close`` brings)."""
+        if self.stuck and not self.worker.idle:
+            return False
+        deadline = max(deadline, time.monotonic() + COMMIT_GRACE)
+        if not self.settled() and not self.engine.await_(self.settled, deadline):
+            self.stuck = True
+            return False  # the commit under way is older than what is asked for now
+        self.ask()
+        done = self.engine.await_(self.settled, deadline)
+        self.stuck = not done
+        return done
 
-    def close(self) -> None:
-        """Abort any open transaction."""
-        self.abort()
-
-
-def _dlq_headers(msg: Any, info: DeadLetterInfo) -> list[tuple[str, bytes]]:
-    """The headers of ``msg``'s dead letter (:func:`htmqc.dlq.headers.dlq_headers`)."""
-    return dlq_headers(msg, info)
+    def doom(self) -> None:
+        """Roll back the open transaction (see :mod:`htmqc.runtime.workers`)."""
+        self.asked = False
+        self.worker.doom()

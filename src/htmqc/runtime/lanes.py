@@ -2,10 +2,16 @@
 
 Theory of operation
 -------------------
-A :class:`Lane` runs batches of messages of one ``(partition, epoch)`` in
-order. Messages with the same key never run concurrently or out of order
-because every message of a key goes to the same lane (keys are hashed to lanes
-by :class:`LanePool`) and a lane runs one message at a time.
+A :class:`Lane` runs batches of messages in order, one at a time. Messages with
+the same key never run concurrently or out of order because every message of a
+key goes to the same lane (keys are hashed to lanes by
+:class:`~htmqc.runtime.workers.LanePool`) and a lane runs one message at a time.
+
+Every batch carries the :class:`Lease` of the partition assignment it belongs
+to. The poll thread ends a lease (:meth:`Lease.end`) when the partition is
+revoked, lost, fenced, or the process shuts down; a lane looks at the lease
+before *each* handler call, so no call starts after that, and what remains of
+the batch is dropped without a report.
 
 When a handler fails, its key is *held* inside the lane: later messages of
 that key that reach the lane are parked (in order) instead of running, while
@@ -17,17 +23,16 @@ it again, and on success the parked messages follow; :meth:`Lane.release`
 message's key is held back.
 
 A lane never touches the core: it reports to a :class:`Report` (succeeded
-offsets in batches as :class:`Done`, failures one by one); the poll loop turns reports into
-core events on its own thread. :class:`LanePool` runs ``N`` lanes on ``N``
-threads and hands the reports back through a queue; with ``workers <= 1`` the
-engine calls one lane directly on the poll thread (no thread hand-off at all).
+offsets in batches as :class:`Done`, failures one by one); the poll loop turns
+reports into core events on its own thread. A handler's exception whose type
+is in ``passthrough`` is not the message's failure (a sink that lost its
+connection, a handler that does not fit the runtime): it propagates out of the
+lane to its worker, which reports it whole.
 """
 
 from __future__ import annotations
 
 import operator
-import queue
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -35,13 +40,42 @@ from typing import Any, Protocol
 
 from htmqc.core.decisions import TopicPartition
 from htmqc.observe.tracing import BatchSpan
-
-#: A held key: the partition and the message key (``None`` for keyless messages).
-HeldKey = tuple[TopicPartition, Any]
-
+from htmqc.runtime.handlers import HandlerMisuse, check_result
 
 #: With timing on, one message in this many gives its Kafka timestamp (end-to-end latency).
 STAMP_EVERY = 16
+
+
+class Lease:
+    """One assignment of a partition, as the workers see it: ``tp`` and the
+    core's ``epoch``; ``live`` until the poll thread ends it (module docs).
+    ``attention``: set by the poll thread when it wants something of the lanes
+    running this lease: stop (the lease ended) or report what finished so far
+    (a commit is due); the one flag a lane reads before each call. ``count``
+    and ``nbytes``: messages and value bytes handed out under this lease and
+    not finished (kept by the poll thread only)."""
+
+    __slots__ = ("attention", "count", "epoch", "live", "nbytes", "tp")
+
+    def __init__(self, tp: TopicPartition, epoch: int) -> None:
+        self.tp = tp
+        self.epoch = epoch
+        self.live = True
+        self.attention = False
+        self.count = 0
+        self.nbytes = 0
+
+    def end(self) -> None:
+        """No call starts under this lease any more."""
+        self.live = False
+        self.attention = True
+
+    def __repr__(self) -> str:
+        return f"Lease({self.tp[0]}/{self.tp[1]}#{self.epoch}{'' if self.live else ' ended'})"
+
+
+#: A held key: the lease and the message key (``None`` for keyless messages).
+HeldKey = tuple[Lease, Any]
 
 
 class Done:
@@ -84,11 +118,15 @@ class Done:
 class Report(Protocol):
     """Where a lane reports what happened (see module docs)."""
 
-    def succeeded(self, tp: TopicPartition, epoch: int, done: Done) -> None:
-        """``done.offsets`` of ``tp`` ran successfully (in order)."""
+    def succeeded(self, lease: Lease, done: Done) -> None:
+        """``done.offsets`` of ``lease.tp`` ran successfully (in order)."""
 
-    def failed(self, tp: TopicPartition, epoch: int, msg: Any, exc: BaseException) -> None:
+    def failed(self, lease: Lease, msg: Any, exc: BaseException) -> None:
         """``msg`` raised ``exc``; its key is now held in the lane."""
+
+
+def _never() -> bool:
+    return False
 
 
 class Lane:
@@ -97,7 +135,8 @@ class Lane:
     ``timed``: read the clock after each handler call and sample message
     timestamps (for the latency histograms); ``sized``: add up value bytes (for
     the in-flight byte bound). Both cost a little per message, so they are off
-    unless needed.
+    unless needed. ``passthrough``: exception types that are not a message's
+    failure (module docs).
     """
 
     def __init__(
@@ -107,12 +146,14 @@ class Lane:
         timed: bool = False,
         sized: bool = False,
         span: BatchSpan | None = None,
+        passthrough: tuple[type[BaseException], ...] = (),
     ):
         self.call = call
         self.timed = timed
         self.sized = sized
         self.span = span
-        self._held: dict[HeldKey, deque[tuple[int, Any]]] = {}
+        self.passthrough: tuple[type[BaseException], ...] = (HandlerMisuse, *passthrough)
+        self._held: dict[HeldKey, deque[Any]] = {}
 
     @property
     def held(self) -> int:
@@ -121,66 +162,94 @@ class Lane:
 
     def run(
         self,
-        tp: TopicPartition,
-        epoch: int,
+        lease: Lease,
         msgs: Sequence[Any],
         report: Report,
         known: tuple[list[int], int] | None = None,
-    ) -> None:
-        """Run ``msgs`` (all of ``tp``, epoch ``epoch``) in order (inside a tracing
-        span when the lane has one). ``known``: the messages' offsets and their
-        total value bytes, if the caller has them already (saves reading them)."""
+        interrupt: Callable[[], bool] | None = None,
+    ) -> int:
+        """Run ``msgs`` (all of ``lease.tp``) in order (inside a tracing span when
+        the lane has one); return how many of them were dealt with (run,
+        failed or parked): fewer than ``len(msgs)`` when the lease ended or
+        ``interrupt()`` said so before a call. ``known``: the messages' offsets
+        and their total value bytes, if the caller has them already."""
         if self.span is None:
-            self._run(tp, epoch, msgs, report, known)
-        else:
-            with self.span(tp, msgs):
-                self._run(tp, epoch, msgs, report, known)
+            return self._run(lease, msgs, report, known, interrupt)
+        with self.span(lease.tp, msgs):
+            return self._run(lease, msgs, report, known, interrupt)
 
     def _run(
         self,
-        tp: TopicPartition,
-        epoch: int,
+        lease: Lease,
         msgs: Sequence[Any],
         report: Report,
         known: tuple[list[int], int] | None,
-    ) -> None:
-        if self.timed or self._held:
-            self._run_each(tp, epoch, msgs, report)
-            return
+        interrupt: Callable[[], bool] | None,
+    ) -> int:
+        if self.timed or self._held or interrupt is not None:
+            return self._run_each(lease, msgs, report, interrupt)
         # The usual case, no held key and no timing: nothing to do per message but
-        # the call; offsets and sizes come from the caller or are read afterwards.
+        # the attention check and the call; offsets and sizes come from the caller
+        # or are read afterwards. A plain def that returns awaitables returns one
+        # every time: looking at the first result of a run is enough.
         call = self.call
         started = time.perf_counter()
+        first = 0
+        checked = False
         try:
             for msg in msgs:
-                call(msg)
+                if lease.attention:
+                    i = _index(msgs, msg, first)
+                    if i > first:
+                        report.succeeded(
+                            lease, self._done(msgs[first:i], time.perf_counter() - started)
+                        )
+                        first, started, known = i, time.perf_counter(), None
+                    if not lease.live:
+                        return i
+                    lease.attention = False  # a progress report was asked for: given
+                if checked:
+                    call(msg)
+                    continue
+                checked = True
+                result = call(msg)
+                if result is not None:
+                    check_result(result)
+        except self.passthrough:
+            raise
         except BaseException as exc:
-            i = next(i for i, m in enumerate(msgs) if m is msg)
-            ok = msgs[:i]
+            i = _index(msgs, msg, first)
+            ok = msgs[first:i]
             if ok:
-                report.succeeded(tp, epoch, self._done(ok, time.perf_counter() - started))
-            self._held[(tp, msg.key())] = deque()
-            report.failed(tp, epoch, msg, exc)
+                report.succeeded(lease, self._done(ok, time.perf_counter() - started))
+            self._held[(lease, msg.key())] = deque()
+            report.failed(lease, msg, exc)
             if i + 1 < len(msgs):
-                self._run_each(tp, epoch, msgs[i + 1 :], report)
-            return
-        if msgs:
+                return i + 1 + self._run_each(lease, msgs[i + 1 :], report, None)
+            return len(msgs)
+        if len(msgs) > first:
             elapsed = time.perf_counter() - started
             done = (
-                self._done(msgs, elapsed)
-                if known is None
+                self._done(msgs[first:], elapsed)
+                if known is None or first
                 else Done(known[0], elapsed, known[1] if self.sized else 0)
             )
-            report.succeeded(tp, epoch, done)
+            report.succeeded(lease, done)
+        return len(msgs)
 
     def _done(self, msgs: Sequence[Any], elapsed: float) -> Done:
         """The report of ``msgs``, which all succeeded (untimed lanes)."""
         return Done([m.offset() for m in msgs], elapsed, sum(map(len, msgs)) if self.sized else 0)
 
     def _run_each(
-        self, tp: TopicPartition, epoch: int, msgs: Sequence[Any], report: Report
-    ) -> None:
-        """The general case: a held key to park behind, or a clock read per message."""
+        self,
+        lease: Lease,
+        msgs: Sequence[Any],
+        report: Report,
+        interrupt: Callable[[], bool] | None,
+    ) -> int:
+        """The general case: a held key to park behind, a clock read per message,
+        or an ``interrupt`` to ask before each call."""
         call = self.call
         held = self._held
         clock = time.perf_counter
@@ -192,19 +261,40 @@ class Lane:
         tick = ticks.append if ticks is not None else None
         nbytes = 0
         failed = False
+        seen = 0
         for msg in msgs:
-            if held and (tp, msg.key()) in held:
-                held[(tp, msg.key())].append((epoch, msg))
+            if lease.attention:
+                if not lease.live:
+                    break
+                lease.attention = False
+                if done:  # a progress report was asked for
+                    report.succeeded(lease, Done(done, clock() - started, nbytes, ticks))
+                    done, nbytes = [], 0
+                    started = clock()
+                    ticks = [started] if timed else None
+                    tick = ticks.append if ticks is not None else None
+                    failed = True  # the stamps below would not match the report
+            if interrupt is not None and interrupt():
+                break
+            seen += 1
+            if held and (lease, msg.key()) in held:
+                held[(lease, msg.key())].append(msg)
                 continue
             try:
-                call(msg)
+                result = call(msg)
+                if result is not None:
+                    check_result(result)
+            except self.passthrough:
+                if done:
+                    report.succeeded(lease, Done(done, clock() - started, nbytes, ticks))
+                raise
             except BaseException as exc:
                 failed = True
                 if done:
-                    report.succeeded(tp, epoch, Done(done, clock() - started, nbytes, ticks))
+                    report.succeeded(lease, Done(done, clock() - started, nbytes, ticks))
                     done, nbytes = [], 0
-                held[(tp, msg.key())] = deque()
-                report.failed(tp, epoch, msg, exc)
+                held[(lease, msg.key())] = deque()
+                report.failed(lease, msg, exc)
                 started = clock()
                 ticks = [started] if timed else None
                 tick = ticks.append if ticks is not None else None
@@ -216,51 +306,67 @@ class Lane:
                     nbytes += len(msg)
         if done:
             stamps = None
-            if timed and not failed:
+            if timed and not failed and seen == len(msgs):
                 stamps = [m.timestamp()[1] for m in msgs[::STAMP_EVERY]]
-            report.succeeded(tp, epoch, Done(done, clock() - started, nbytes, ticks, stamps))
+            report.succeeded(lease, Done(done, clock() - started, nbytes, ticks, stamps))
+        return seen
 
-    def holds(self, tp: TopicPartition) -> bool:
-        """Whether a key of ``tp`` is held (a failed message awaits its retry)."""
-        return any(k[0] == tp for k in self._held)
+    def holds(self, lease: Lease) -> bool:
+        """Whether a key of ``lease`` is held (a failed message awaits its retry)."""
+        return any(k[0] is lease for k in self._held)
 
     def run_atomic(
-        self, tp: TopicPartition, epoch: int, msgs: Sequence[Any], call: Callable[[Any], Any]
+        self,
+        lease: Lease,
+        msgs: Sequence[Any],
+        call: Callable[[Any], Any],
+        interrupt: Callable[[], bool] = _never,
     ) -> Done:
         """Run ``msgs`` in order with ``call`` and no per-message isolation: the first
         exception propagates, and the caller's scope (one sink savepoint around the
         whole run) undoes them all; nothing is reported. The caller then runs the
         same messages again with :meth:`run`, one isolated message at a time. Only
-        for a partition with no held key (:meth:`holds`)."""
-        if not self.timed:
-            started = time.perf_counter()
-            for msg in msgs:
-                call(msg)
-            return self._done(msgs, time.perf_counter() - started)
+        for a lease with no held key (:meth:`holds`). Stops before a call when the
+        lease ended or ``interrupt()`` says so: the returned :class:`Done` lists
+        the prefix that ran."""
         clock = time.perf_counter
+        timed = self.timed
         ticks = [clock()]
-        tick = ticks.append
+        ran = 0
         for msg in msgs:
-            call(msg)
-            tick(clock())
-        done = self._done(msgs, ticks[-1] - ticks[0])
+            if not lease.live or interrupt():
+                break
+            result = call(msg)
+            if result is not None:
+                check_result(result)
+            ran += 1
+            if timed:
+                ticks.append(clock())
+        if not timed:
+            return self._done(msgs[:ran], clock() - ticks[0])
+        done = self._done(msgs[:ran], ticks[-1] - ticks[0])
         done.ticks = ticks
-        done.stamps_ms = [m.timestamp()[1] for m in msgs[::STAMP_EVERY]]
+        done.stamps_ms = [m.timestamp()[1] for m in msgs[:ran:STAMP_EVERY]]
         return done
 
-    def retry(self, tp: TopicPartition, epoch: int, msg: Any, report: Report) -> None:
+    def retry(self, lease: Lease, msg: Any, report: Report) -> None:
         """Run the failed ``msg`` again; on success its parked followers run too."""
+        if not lease.live:
+            return
         started = time.perf_counter()
         try:
-            self.call(msg)
+            result = self.call(msg)
+            if result is not None:
+                check_result(result)
+        except self.passthrough:
+            raise
         except BaseException as exc:
-            report.failed(tp, epoch, msg, exc)
+            report.failed(lease, msg, exc)
             return
         ended = time.perf_counter()
         timed = self.timed
         report.succeeded(
-            tp,
-            epoch,
+            lease,
             Done(
                 [msg.offset()],
                 ended - started,
@@ -269,149 +375,26 @@ class Lane:
                 [msg.timestamp()[1]] if timed else None,
             ),
         )
-        self.release(tp, msg.key(), report)
+        self.release(lease, msg.key(), report)
 
-    def release(self, tp: TopicPartition, key: Any, report: Report) -> None:
+    def release(self, lease: Lease, key: Any, report: Report) -> None:
         """The held message of ``key`` is finished (dead-lettered or retried): run
         its parked followers, in order, until one fails again."""
-        parked = self._held.pop((tp, key), None)
-        while parked:
-            epoch, msg = parked.popleft()
-            self.run(tp, epoch, [msg], report)
-            if (tp, key) in self._held:
+        parked = self._held.pop((lease, key), None)
+        while parked and lease.live:
+            msg = parked.popleft()
+            self.run(lease, [msg], report)
+            if (lease, key) in self._held:
                 # It failed again: the rest stays parked behind it, in order.
-                self._held[(tp, key)].extend(parked)
+                self._held[(lease, key)].extend(parked)
                 return
 
-    def drop(self, tp: TopicPartition) -> None:
-        """Forget every parked message of ``tp`` (revoked or lost)."""
-        for k in [k for k in self._held if k[0] == tp]:
+    def drop(self, lease: Lease) -> None:
+        """Forget every parked message of ``lease`` (it ended)."""
+        for k in [k for k in self._held if k[0] is lease]:
             del self._held[k]
 
 
-class QueueReport:
-    """A :class:`Report` that puts each report on a queue for the poll loop."""
-
-    def __init__(self, out: queue.SimpleQueue[tuple[Any, ...]]) -> None:
-        self.out = out
-
-    def succeeded(self, tp: TopicPartition, epoch: int, done: Done) -> None:
-        """Queue ``("ok", tp, epoch, done)``."""
-        self.out.put(("ok", tp, epoch, done))
-
-    def failed(self, tp: TopicPartition, epoch: int, msg: Any, exc: BaseException) -> None:
-        """Queue ``("fail", tp, epoch, msg, exc)``."""
-        self.out.put(("fail", tp, epoch, msg, exc))
-
-
-class LanePool:
-    """``workers`` lanes, each on its own thread; keys are hashed to lanes.
-
-    Commands reach a lane through its FIFO queue, so everything sent for one key
-    (batches, retries, releases) happens in the order it was sent. Reports come
-    back on :attr:`completions` (see :class:`QueueReport`). :attr:`outstanding`
-    counts commands not yet finished, so the engine can wait for a partition's
-    work on revoke and for everything on shutdown.
-    """
-
-    def __init__(
-        self,
-        workers: int,
-        call: Callable[[Any], Any],
-        *,
-        timed: bool = False,
-        sized: bool = False,
-        span: BatchSpan | None = None,
-    ) -> None:
-        if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
-        self.completions: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
-        self._report = QueueReport(self.completions)
-        self._lanes = [Lane(call, timed=timed, sized=sized, span=span) for _ in range(workers)]
-        self._inbox: list[queue.SimpleQueue[tuple[Any, ...] | None]] = [
-            queue.SimpleQueue() for _ in range(workers)
-        ]
-        self._lock = threading.Lock()
-        self._outstanding = 0
-        self._idle = threading.Condition(self._lock)
-        self._threads = [
-            threading.Thread(target=self._work, args=(i,), name=f"htmqc-lane-{i}", daemon=True)
-            for i in range(workers)
-        ]
-        for t in self._threads:
-            t.start()
-
-    def lane_of(self, key: Any) -> int:
-        """The lane index of a message key."""
-        return hash(key) % len(self._lanes)
-
-    def submit(self, tp: TopicPartition, epoch: int, msgs: Sequence[Any]) -> None:
-        """Split ``msgs`` by lane (keeping order) and queue them."""
-        n = len(self._lanes)
-        if n == 1:
-            self._send(0, ("run", tp, epoch, msgs))
-            return
-        per: list[list[Any]] = [[] for _ in range(n)]
-        for msg in msgs:
-            per[hash(msg.key()) % n].append(msg)
-        for i, part in enumerate(per):
-            if part:
-                self._send(i, ("run", tp, epoch, part))
-
-    def retry(self, tp: TopicPartition, epoch: int, msg: Any) -> None:
-        """Queue a retry of ``msg`` on its key's lane."""
-        self._send(self.lane_of(msg.key()), ("retry", tp, epoch, msg))
-
-    def release(self, tp: TopicPartition, key: Any) -> None:
-        """Queue the release of ``key``'s parked messages on its lane."""
-        self._send(self.lane_of(key), ("release", tp, key))
-
-    def drop(self, tp: TopicPartition) -> None:
-        """Queue forgetting ``tp``'s parked messages on every lane."""
-        for i in range(len(self._lanes)):
-            self._send(i, ("drop", tp))
-
-    @property
-    def outstanding(self) -> int:
-        """Commands queued or running."""
-        with self._lock:
-            return self._outstanding
-
-    def wait_idle(self, timeout: float) -> bool:
-        """Wait until no command is queued or running; False on timeout."""
-        with self._idle:
-            return self._idle.wait_for(lambda: self._outstanding == 0, timeout)
-
-    def close(self) -> None:
-        """Stop the threads after the queued commands (does not wait for them)."""
-        for box in self._inbox:
-            box.put(None)
-
-    def _send(self, lane: int, command: tuple[Any, ...]) -> None:
-        with self._lock:
-            self._outstanding += 1
-        self._inbox[lane].put(command)
-
-    def _work(self, index: int) -> None:
-        lane = self._lanes[index]
-        inbox = self._inbox[index]
-        report = self._report
-        while True:
-            command = inbox.get()
-            if command is None:
-                return
-            try:
-                kind = command[0]
-                if kind == "run":
-                    lane.run(command[1], command[2], command[3], report)
-                elif kind == "retry":
-                    lane.retry(command[1], command[2], command[3], report)
-                elif kind == "release":
-                    lane.release(command[1], command[2], report)
-                else:
-                    lane.drop(command[1])
-            finally:
-                with self._idle:
-                    self._outstanding -= 1
-                    if self._outstanding == 0:
-                        self._idle.notify_all()
+def _index(msgs: Sequence[Any], msg: Any, start: int = 0) -> int:
+    """The position of ``msg`` (by identity) in ``msgs``, from ``start`` on."""
+    return next(i for i in range(start, len(msgs)) if msgs[i] is msg)

@@ -1,5 +1,5 @@
 """Start a run: load the handler, check the broker and topic, open the sink,
-build the consumer and the :class:`~htmqc.runtime.engine.Engine`.
+build the consumer and the :class:`~htmqc.runtime.loop.Engine`.
 
 Every problem found here is a one-line :class:`~htmqc.errors.UsageError`
 (bad input: exit 2) or :class:`~htmqc.errors.RuntimeFailure` (exit 1) that
@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import importlib
 import logging
+import re
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from htmqc.core.retry import FailureKind
 from htmqc.dlq.record import dlq_topic, poison_topic
 from htmqc.errors import RuntimeFailure, UsageError
-from htmqc.runtime.engine import Engine
+from htmqc.runtime.handlers import check_handler
+from htmqc.runtime.loop import Engine
 from htmqc.runtime.options import EXACTLY_ONCE, RunOptions
 from htmqc.runtime.retry_topic import retry_topic
 
@@ -146,23 +149,18 @@ def check_topic(
 def build_engine(
     handler: Callable[..., Any], options: RunOptions, *, metrics: Metrics | None = None
 ) -> Engine:
-    """Everything :func:`run` needs, checked; the caller runs it."""
+    """Everything :func:`run` needs, checked (the handler's signature first,
+    before anything connects); the caller runs it."""
     from confluent_kafka import Consumer, KafkaException, Producer
 
     from htmqc.kafka_defaults import consumer_config, producer_config
     from htmqc.sinks import open_sink
 
+    check_handler(handler, options.mode)
     if options.mode == EXACTLY_ONCE and not options.sink:
         raise UsageError(
             "exactly-once needs a sink",
             "pass --sink sqlite:///PATH (or postgresql://, kafka:TOPIC)",
-        )
-    if options.retry_topic and options.mode == EXACTLY_ONCE and not (
-        options.sink or ""
-    ).startswith("kafka:"):
-        raise UsageError(
-            "--retry-topic with a database sink cannot move a message atomically",
-            "use at-least-once or a kafka: sink, or drop --retry-topic",
         )
     sink = None
     if options.mode == EXACTLY_ONCE:
@@ -173,6 +171,11 @@ def build_engine(
             kafka_config=producer_overrides(options.kafka_config),
             member_id=options.member_id,
         )
+        if options.retry_topic and not sink.writes_kafka:
+            raise UsageError(
+                "--retry-topic with a database sink cannot move a message atomically",
+                "use at-least-once or a kafka: sink, or drop --retry-topic",
+            )
     check_topic(
         options.bootstrap,
         options.topic,
@@ -184,7 +187,7 @@ def build_engine(
         _ensure_topic(options.bootstrap, retry_topic(options.topic), options.kafka_config)
     if sink is not None:
         sink.open(options.group)
-        if sink.name == "kafka":  # its dead letters are written inside its transactions
+        if sink.writes_kafka:  # its dead letters are written inside its transactions
             for name in (dlq_topic(options.topic), poison_topic(options.topic)):
                 _ensure_topic(options.bootstrap, name, options.kafka_config)
     engine: list[Engine] = []
@@ -197,6 +200,7 @@ def build_engine(
     if options.member_id and "group.instance.id" not in config:
         config["group.instance.id"] = options.member_id
     config["on_commit"] = lambda err, parts: engine[0].on_commit(err, parts)
+    config.setdefault("logger", librdkafka_logger())
     try:
         consumer = Consumer(config)
     except KafkaException as exc:
@@ -253,6 +257,42 @@ _CONSUMER_ONLY = (
 )
 
 
+class _Repeats(logging.Filter):
+    """Lets a librdkafka log line through once per :data:`REPEAT_SECONDS` for each
+    text (numbers left out: ports, counts and times vary), with how many were
+    dropped. A broker that is down makes librdkafka say ``Connection refused``
+    several times a second, for ever."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._last: dict[str, tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = re.sub(r"\d+", "#", record.getMessage())
+        now = time.monotonic()
+        last = self._last.get(key)
+        if last is not None and now - last[0] < REPEAT_SECONDS:
+            self._last[key] = (last[0], last[1] + 1)
+            return False
+        if last is not None and last[1]:
+            record.msg = f"{record.getMessage()} ({last[1]} more like it)"
+            record.args = ()
+        self._last[key] = (now, 0)
+        return True
+
+
+#: Seconds between two equal librdkafka log lines.
+REPEAT_SECONDS = 30.0
+
+
+def librdkafka_logger() -> logging.Logger:
+    """The logger librdkafka's own lines go to (``htmqc.librdkafka``), rate-limited."""
+    logger = logging.getLogger("htmqc.librdkafka")
+    if not any(isinstance(f, _Repeats) for f in logger.filters):
+        logger.addFilter(_Repeats())
+    return logger
+
+
 def producer_overrides(config: dict[str, Any]) -> dict[str, Any]:
     """The ``--kafka-config`` settings that also apply to producers."""
     return {k: v for k, v in config.items() if not k.startswith(_CONSUMER_ONLY)}
@@ -261,8 +301,9 @@ def producer_overrides(config: dict[str, Any]) -> dict[str, Any]:
 def run(spec: str, options: RunOptions) -> int:
     """Load ``spec`` and run it until stopped; return the messages finished.
 
-    With ``metrics_port`` set, ``/metrics``, ``/state``, ``/state.json`` are
-    served on ``metrics_host`` for the whole run; with ``redis_url`` the
+    With ``metrics_port`` set, ``/metrics``, ``/state``, ``/state.json``,
+    ``/healthz`` and ``/readyz`` are served on ``metrics_host`` for the whole run
+    (from the engine's last published snapshot: never waiting for its lock); with ``redis_url`` the
     backpressure state is mirrored into Redis (:mod:`htmqc.observe.redis_mirror`).
     """
     from htmqc.observe import Metrics, ObserveServer
@@ -273,14 +314,14 @@ def run(spec: str, options: RunOptions) -> int:
         parse_redis_url(options.redis_url)  # bad URLs fail before anything starts
     metrics = Metrics() if options.metrics_port is not None else None
     engine = build_engine(handler, options, metrics=metrics)
-    source = engine.state_source()
+    source = engine.snapshot  # readers never wait for the engine's lock
     server: ObserveServer | None = None
     mirror: RedisMirror | None = None
     try:
         if metrics is not None:
             assert options.metrics_port is not None
             metrics.source = source
-            server = ObserveServer(metrics, host=options.metrics_host)
+            server = ObserveServer(metrics, host=options.metrics_host, health=engine)
             server.start(options.metrics_port)
             log.info("metrics on %s/metrics, live state on %s/state", server.url, server.url)
         if options.redis_url:

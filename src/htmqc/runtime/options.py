@@ -1,8 +1,16 @@
-"""The settings of one ``htmqc run`` (what :mod:`htmqc.config` produces)."""
+"""The settings of one ``htmqc run`` (what :mod:`htmqc.config` produces), and the
+one schema they come from.
+
+Each field of :class:`RunOptions` is declared once, with its type, default,
+help text, bounds and choices (:func:`opt`); :data:`OPTIONS` reads them back,
+and from it :mod:`htmqc.config` builds its field table, its limits and its
+choices, and ``htmqc run`` its command-line flags (``--max-in-flight`` for
+``max_in_flight``). A new option is one line here.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 AT_LEAST_ONCE = "at-least-once"
@@ -16,19 +24,51 @@ LOG_FORMATS = ("text", "json")
 #: protocol (Kafka 4.0 and later; the broker assigns and keeps the session timeout).
 GROUP_PROTOCOLS = ("classic", "consumer")
 
+#: A bound: ``(lowest, highest, lowest allowed itself)``.
+Limits = tuple[float, float, bool]
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """How an option is offered: help text, bounds, choices, metavar; ``cli``
+    false for options that are not flags (``kafka_config`` has its own)."""
+
+    help: str = ""
+    limits: Limits | None = None
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+    cli: bool = True
+
+
+def opt(
+    default: Any = MISSING,
+    help: str = "",
+    *,
+    limits: Limits | None = None,
+    choices: tuple[str, ...] | None = None,
+    metavar: str | None = None,
+) -> Any:
+    """A :class:`RunOptions` field with its :class:`Spec` (no default: required)."""
+    spec = Spec(help, limits, choices, metavar)
+    if default is MISSING:
+        return field(metadata={"htmqc": spec})
+    return field(default=default, metadata={"htmqc": spec})
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunOptions:
     """Everything the engine needs besides the handler.
 
-    ``workers``: handler threads for at-least-once (0 or 1: handlers run on the
-    poll thread; exactly-once always runs them on the poll thread, one at a
-    time, inside the sink transaction). ``max_in_flight``: fetched but
+    ``workers``: handler threads for at-least-once (0 counts as 1; handlers never
+    run on the poll thread); exactly-once runs them on the one transaction
+    thread, one at a time, inside the sink transaction. ``max_in_flight``: fetched but
     unfinished messages before partitions are paused. ``txn_messages`` /
     ``txn_ms``: bounds of one exactly-once transaction. ``commit_ms``: how often
     at-least-once commits. ``max_messages``/``idle_exit``: stop conditions for
     tests and demos. ``max_message_bytes``: larger values are dead-lettered.
     ``shutdown_seconds``: how long revoke and shutdown wait for running work.
+    ``sink_retry_seconds``: how long an exactly-once sink that lost its
+    database is reconnected (with backoff) before the run stops with exit 1.
     ``trace``: a file to append core transitions to (:mod:`htmqc.runtime.trace`).
 
     Failures: ``max_retries`` retries with full-jitter backoff from ``backoff_ms``
@@ -59,42 +99,137 @@ class RunOptions:
     ``otel`` (OpenTelemetry spans per batch and commit: :mod:`htmqc.observe.tracing`).
     """
 
-    bootstrap: str
-    topic: str
-    group: str
-    mode: str = AT_LEAST_ONCE
-    sink: str | None = None
-    workers: int = 1
-    max_in_flight: int = 10_000
-    txn_messages: int = 1000
-    txn_ms: float = 100.0
-    commit_ms: float = 500.0
-    kafka_config: dict[str, Any] = field(default_factory=dict)
-    create_topic: int | None = None
-    max_messages: int | None = None
-    idle_exit: float | None = None
-    max_message_bytes: int | None = None
-    shutdown_seconds: float = 10.0
-    batch_size: int = 1000
-    connect_seconds: float = 10.0
-    trace: str | None = None
-    max_retries: int = 3
-    backoff_ms: float = 100.0
-    backoff_max_ms: float = 30_000.0
-    poison_threshold: int = 5
-    poison_window: float = 60.0
-    flow: str = "adaptive"
-    min_in_flight: int = 16
-    latency_target_ms: float = 1000.0
-    max_in_flight_bytes: int = 256 * 1024 * 1024
-    metrics_port: int | None = None
-    metrics_host: str = "127.0.0.1"
-    redis_url: str | None = None
-    log_format: str = "text"
-    otel: bool = False
-    retry_topic: bool = False
-    retry_topic_ms: float = 5000.0
-    permanent_errors: str | None = None
-    member_id: str | None = None
-    retryable_errors: str | None = None
-    group_protocol: str = "classic"
+    bootstrap: str = opt(help="Kafka bootstrap servers HOST:PORT")
+    topic: str = opt(help="the topic to consume")
+    group: str = opt(help="consumer group")
+    mode: str = opt(AT_LEAST_ONCE, "delivery mode", choices=MODES)
+    sink: str | None = opt(
+        None, "sqlite:///PATH | postgresql://... | kafka:TOPIC (exactly-once)"
+    )
+    workers: int = opt(1, "handler threads (at-least-once)", limits=(0, 1024, True))
+    max_in_flight: int = opt(
+        10_000, "unfinished messages before pausing", limits=(1, 10_000_000, True)
+    )
+    txn_messages: int = opt(
+        1000, "messages per sink transaction", limits=(1, 10_000_000, True)
+    )
+    txn_ms: float = opt(
+        100.0, "milliseconds per sink transaction", limits=(0, 86_400_000, False)
+    )
+    commit_ms: float = opt(
+        500.0, "at-least-once commit interval, ms", limits=(0, 86_400_000, False)
+    )
+    kafka_config: dict[str, Any] = field(
+        default_factory=dict, metadata={"htmqc": Spec(cli=False)}
+    )
+    create_topic: int | None = opt(
+        None, "create the topic if it is missing", limits=(1, 10_000, True),
+        metavar="PARTITIONS",
+    )  # fmt: skip
+    max_messages: int | None = opt(
+        None, "stop after N messages finished", limits=(1, 2**63 - 1, True)
+    )
+    idle_exit: float | None = opt(
+        None, "stop when nothing arrived for SECONDS", limits=(0, 31_536_000, False),
+        metavar="SECONDS",
+    )  # fmt: skip
+    max_message_bytes: int | None = opt(
+        None, "dead-letter larger messages", limits=(1, 2**31 - 1, True)
+    )
+    shutdown_seconds: float = opt(
+        10.0, "bound on waiting for running work", limits=(0, 86_400, True)
+    )
+    sink_retry_seconds: float = opt(
+        60.0, "how long to reconnect a lost exactly-once database before exit 1",
+        limits=(0, 86_400, True),
+    )  # fmt: skip
+    batch_size: int = opt(1000, "messages per consume() call", limits=(1, 1_000_000, True))
+    connect_seconds: float = opt(
+        10.0, "how long to wait for the broker", limits=(0, 86_400, False)
+    )
+    trace: str | None = opt(None, "append core transitions as JSON lines", metavar="FILE")
+    max_retries: int = opt(3, "retries before dead-lettering", limits=(0, 1_000_000, True))
+    backoff_ms: float = opt(
+        100.0, "first retry backoff, full jitter", limits=(0, 86_400_000, True)
+    )
+    backoff_max_ms: float = opt(30_000.0, "backoff cap", limits=(0, 86_400_000, True))
+    poison_threshold: int = opt(
+        5, "failures within --poison-window that make poison", limits=(1, 1_000_000, True)
+    )
+    poison_window: float = opt(
+        60.0, "see --poison-threshold", limits=(0, 31_536_000, False), metavar="SECONDS"
+    )
+    flow: str = opt("adaptive", "in-flight window: adaptive (AIMD) or fixed", choices=FLOWS)
+    min_in_flight: int = opt(16, "smallest adaptive window", limits=(1, 10_000_000, True))
+    latency_target_ms: float = opt(
+        1000.0, "mean handler time that shrinks the window", limits=(0, 86_400_000, False)
+    )
+    max_in_flight_bytes: int = opt(
+        256 * 1024 * 1024, "value bytes before pausing", limits=(1, 2**40, True)
+    )
+    metrics_port: int | None = opt(
+        None, "serve /metrics, /state, /healthz, /readyz (0: a free port)",
+        limits=(0, 65_535, True),
+    )  # fmt: skip
+    metrics_host: str = opt("127.0.0.1", "address for --metrics-port")
+    redis_url: str | None = opt(None, "mirror backpressure into redis://host:port/db")
+    log_format: str = opt("text", "log lines as text or json", choices=LOG_FORMATS)
+    otel: bool = opt(False, "OpenTelemetry spans (extra: otel)")
+    retry_topic: bool = opt(
+        False, "long backoffs wait in <topic>.retry, freeing the partition (breaks per-key order)"
+    )
+    retry_topic_ms: float = opt(
+        5000.0, "shortest backoff sent to the retry topic", limits=(0, 86_400_000, True)
+    )
+    permanent_errors: str | None = opt(
+        None, "exception types never retried", metavar="MODULE:CLASS,..."
+    )
+    member_id: str | None = opt(
+        None,
+        "stable name of this member (transactional id, static membership); unique per "
+        "live member",
+    )
+    retryable_errors: str | None = opt(
+        None, "exception types always retried", metavar="MODULE:CLASS,..."
+    )
+    group_protocol: str = opt(
+        "classic", "consumer-group protocol (consumer: KIP-848, Kafka 4+)",
+        choices=GROUP_PROTOCOLS,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One option as :data:`OPTIONS` lists it: ``kind`` is ``int``, ``float``,
+    ``str`` or ``bool``; ``default`` is ``None`` for an optional one and
+    :data:`REQUIRED_VALUE` for a required one."""
+
+    name: str
+    kind: type
+    default: Any
+    spec: Spec
+
+    @property
+    def flag(self) -> str:
+        """The command-line flag (``--max-in-flight``)."""
+        return "--" + self.name.replace("_", "-")
+
+
+#: The default of a required option.
+REQUIRED_VALUE: Any = MISSING
+_KINDS = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def _options() -> tuple[Option, ...]:
+    out = []
+    for f in fields(RunOptions):
+        spec = f.metadata["htmqc"]
+        if not spec.cli:
+            continue
+        kind = _KINDS[str(f.type).split("|")[0].strip()]
+        out.append(Option(f.name, kind, f.default, spec))
+    return tuple(out)
+
+
+#: Every option that is a flag, a config-file key and an ``HTMQC_*`` variable.
+OPTIONS: tuple[Option, ...] = _options()

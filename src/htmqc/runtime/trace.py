@@ -38,7 +38,17 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Any
 
-from htmqc.core import Commit, ConsumerCore, DeadLetter, FailureKind, RetryAt, RetryPolicy
+from htmqc.core import (
+    Commit,
+    ConsumerCore,
+    DeadLetter,
+    Failure,
+    FailureKind,
+    HandOff,
+    RetryAt,
+    RetryPolicy,
+    RetryTopic,
+)
 from htmqc.core.decisions import TopicPartition
 
 
@@ -55,8 +65,10 @@ class TracingCore(ConsumerCore):
         out: IO[str],
         retry: RetryPolicy | None = None,
         fences: Mapping[TopicPartition, int] | None = None,
+        *,
+        retry_topic: RetryTopic | None = None,
     ) -> None:
-        super().__init__(retry)
+        super().__init__(retry, retry_topic=retry_topic)
         self._out = out
         self.fences = fences
 
@@ -134,16 +146,21 @@ class TracingCore(ConsumerCore):
         ok = super().dead_lettered_many(tp, epoch, offsets)
         return self._traced("dead_lettered", ok, tp, offsets)
 
+    def handed_off(self, tp: TopicPartition, epoch: int, offset: int) -> bool:
+        return self._traced("handed_off", super().handed_off(tp, epoch, offset), tp, [offset])
+
     def failed(
         self,
         tp: TopicPartition,
         epoch: int,
         offset: int,
-        kind: FailureKind,
+        failure: Failure | FailureKind,
         now: float,
         jitter: float,
-    ) -> RetryAt | DeadLetter | None:
-        decision = super().failed(tp, epoch, offset, kind, now, jitter)
+        *,
+        held_for: float | None = None,
+    ) -> RetryAt | HandOff | DeadLetter | None:
+        decision = super().failed(tp, epoch, offset, failure, now, jitter, held_for=held_for)
         if decision is not None:
             self._write(tp, "failed", [offset])
             if isinstance(decision, RetryAt):

@@ -2,7 +2,15 @@
 in one transaction (SQLite, PostgreSQL, Kafka→Kafka). See :mod:`htmqc.sinks.base`
 for the contract and :func:`open_sink` for the URLs."""
 
-from htmqc.sinks.base import Fenced, Position, Sink, SinkStateError, SinkTransaction
+from htmqc.sinks.base import (
+    Fenced,
+    Position,
+    Sink,
+    SinkStateError,
+    SinkTransaction,
+    SinkUnavailable,
+    TransactionAborted,
+)
 from htmqc.sinks.factory import open_sink
 from htmqc.sinks.urls import redact_url
 
@@ -12,6 +20,8 @@ __all__ = [
     "Sink",
     "SinkStateError",
     "SinkTransaction",
+    "SinkUnavailable",
+    "TransactionAborted",
     "open_sink",
     "redact_url",
 ]

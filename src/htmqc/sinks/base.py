@@ -21,6 +21,15 @@ claimed the partition since, the whole transaction is rolled back and
 :class:`Fenced` is raised. So a zombie can never store an effect after the
 partition moved.
 
+Faults. A sink raises :class:`SinkUnavailable` when its database cannot be
+used for now (the connection was lost, PostgreSQL terminated the backend, the
+SQLite file stayed locked past the busy timeout) and :class:`TransactionAborted`
+when it had to roll the whole open transaction back under a running batch (a
+failed message could not be undone alone). Either way nothing of the open
+transaction is stored; the runtime rolls back, reconnects
+(:meth:`~htmqc.ports.Sink.reconnect`) with backoff, claims its partitions
+again and re-reads them from the stored positions.
+
 The life of a transaction::
 
     txn = sink.begin()
@@ -32,28 +41,23 @@ The life of a transaction::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Iterable, Sequence
 
-from htmqc.core.decisions import Commit, TopicPartition
+from htmqc.core.decisions import TopicPartition
 from htmqc.errors import RuntimeFailure
+from htmqc.ports import Position, Sink, SinkTransaction
 
-
-@dataclass(frozen=True, slots=True)
-class Position:
-    """A partition's durable position in the sink.
-
-    ``committed``: the next offset to read (Kafka convention); every offset
-    below it has its effects stored. ``finished_above``: offsets above
-    ``committed`` whose effects are stored too (finished out of order), sorted.
-    ``fence``: the fence token this owner got from :meth:`Sink.claim`.
-    """
-
-    committed: int
-    finished_above: tuple[int, ...]
-    fence: int
+__all__ = [
+    "Fenced",
+    "Position",
+    "Sink",
+    "SinkStateError",
+    "SinkTransaction",
+    "SinkUnavailable",
+    "TransactionAborted",
+    "check_no_transaction",
+    "partition_name",
+]
 
 
 def partition_name(tp: TopicPartition) -> str:
@@ -85,6 +89,17 @@ class Fenced(RuntimeFailure):
         )
 
 
+class SinkUnavailable(RuntimeFailure):
+    """The sink's database cannot be used for now (connection lost, backend
+    terminated, file locked past the busy timeout); the open transaction, if
+    any, is gone. The runtime reconnects with backoff (module docs)."""
+
+
+class TransactionAborted(RuntimeFailure):
+    """The sink rolled the whole open transaction back under a running batch;
+    nothing of it is stored and the transaction cannot be used any more."""
+
+
 class SinkStateError(RuntimeFailure):
     """The sink was used out of order (a programming error in the caller):
     ``begin`` with a transaction open, ``claim`` inside a transaction, a
@@ -98,61 +113,3 @@ def check_no_transaction(sink: str, call: str, txn: object | None) -> None:
             f"{sink} sink: {call}() while a transaction is open",
             "commit or abort the open transaction first (one at a time per sink)",
         )
-
-
-@runtime_checkable
-class SinkTransaction(Protocol):
-    """One open transaction of a :class:`Sink` (see the module docs)."""
-
-    #: What the user handler receives: a DB-API cursor (sqlite3 / psycopg) or,
-    #: for Kafka, an ``Output`` with ``send(topic, value, key=None, headers=None)``.
-    handle: Any
-
-    def message(self) -> AbstractContextManager[None]:
-        """Scope of one message's effects. If the block raises, that message's
-        effects are undone and the exception propagates; the transaction stays
-        usable for the other messages. Scopes do not nest."""
-        ...
-
-    def commit(self, commits: Sequence[tuple[Commit, int]]) -> None:
-        """Store each ``(commit, fence)``'s position with the effects, in the
-        same transaction, after checking each partition's fence is still
-        ``fence``; then commit. A stale fence rolls back everything and raises
-        :class:`Fenced`. With no commits the transaction is aborted: effects are
-        only ever stored together with the positions that cover them."""
-        ...
-
-    def abort(self) -> None:
-        """Roll back everything in this transaction. Idempotent."""
-        ...
-
-
-@runtime_checkable
-class Sink(Protocol):
-    """An exactly-once sink: effects and positions in one transaction."""
-
-    #: ``"sqlite"``, ``"postgresql"`` or ``"kafka"``.
-    name: str
-
-    def open(self, group: str) -> None:
-        """Connect and create the sink's tables if missing (idempotent)."""
-        ...
-
-    def claim(
-        self,
-        tps: Sequence[TopicPartition],
-        *,
-        default_start: Callable[[TopicPartition], int],
-    ) -> dict[TopicPartition, Position]:
-        """Take newly assigned partitions: atomically bump each one's fence and
-        return its durable position. ``default_start(tp)`` is the start of a
-        partition the sink has never seen. Not allowed while a transaction is open."""
-        ...
-
-    def begin(self) -> SinkTransaction:
-        """Open a transaction (at most one at a time per sink)."""
-        ...
-
-    def close(self) -> None:
-        """Abort any open transaction and disconnect. Idempotent."""
-        ...

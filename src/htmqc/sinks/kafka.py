@@ -21,10 +21,15 @@ group's committed offsets through the consumer and hands out local fence
 tokens; a commit carrying a token older than the partition's latest claim on
 this member is rejected too.
 
-The consumer: this sink needs the runtime's consumer (for ``committed()`` and
-``consumer_group_metadata()``). The runtime calls :meth:`KafkaSink.bind` with it
-before the first ``claim``; the consumer should use
-``isolation.level=read_committed`` and ``enable.auto.commit=false``.
+The consumer: this sink needs the runtime's consumer for
+``consumer_group_metadata()``, which the runtime reads through
+:meth:`KafkaSink.before_commit` on the consumer's own thread right before each
+commit (the commit itself runs on the runtime's transaction thread, and a call
+into the group consumer from another thread may never return while the
+consumer is in use). The runtime calls :meth:`KafkaSink.bind` with it before
+the first ``claim``; the consumer should use ``isolation.level=read_committed``
+and ``enable.auto.commit=false``. For the same reason ``claim`` reads the
+group's committed offsets with a consumer of its own that never joins the group.
 """
 
 from __future__ import annotations
@@ -34,18 +39,22 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from typing import Any
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from htmqc.core.decisions import Commit, TopicPartition
+from htmqc.dlq.headers import dlq_headers
 from htmqc.errors import RuntimeFailure, UsageError
 from htmqc.kafka_defaults import producer_config
+from htmqc.ports import ConsumerPort, Headers, Message
 from htmqc.sinks.base import (
     Fenced,
     Position,
     SinkStateError,
+    SinkUnavailable,
     check_no_transaction,
     partition_name,
 )
@@ -90,6 +99,17 @@ METADATA_MAX_BYTES = 4096
 
 Record = tuple[str, Any, Any, Any]  # topic, value, key, headers
 
+if TYPE_CHECKING:
+    from htmqc.dlq.record import DeadLetterInfo
+
+#: The open message scope of the running code: its transaction and its buffer.
+#: A context variable, not a thread-local, so that an ``async def`` handler,
+#: which runs on the runtime's event-loop thread in a copy of the calling
+#: worker's context, sends into the scope its worker opened.
+_SCOPE: ContextVar[tuple[KafkaTransaction, list[Record]] | None] = ContextVar(
+    "htmqc_kafka_scope", default=None
+)
+
 
 class Output:
     """What a Kafka→Kafka handler receives: ``send`` records into the open
@@ -115,6 +135,7 @@ class KafkaSink:
     """Exactly-once Kafka→Kafka through a transactional producer (see module docs)."""
 
     name = "kafka"
+    writes_kafka = True
 
     def __init__(
         self,
@@ -135,6 +156,8 @@ class KafkaSink:
         self._extra = dict(kafka_config or {})
         self._producer: Producer | None = None
         self._consumer: Any = None
+        self._offsets: Consumer | None = None
+        self._group_metadata: Any = None
         self._txn: KafkaTransaction | None = None
         self._fences: dict[TopicPartition, int] = {}
         self._last_fence = 0
@@ -145,7 +168,7 @@ class KafkaSink:
         fences its predecessor's producer."""
         return f"htmqc-{self.group}-{self.member_id}"
 
-    def bind(self, consumer: Any) -> None:
+    def bind(self, consumer: ConsumerPort) -> None:
         """Give the sink the runtime's ``confluent_kafka.Consumer`` (needed by
         ``claim`` and ``commit``). Call before the first ``claim``."""
         self._consumer = consumer
@@ -181,7 +204,8 @@ class KafkaSink:
         default_start: Callable[[TopicPartition], int],
     ) -> dict[TopicPartition, Position]:
         """The group's committed offsets (and finished-above metadata) for ``tps``."""
-        consumer = self._bound()
+        self._bound()
+        consumer = self._offsets_reader()
         check_no_transaction(self.name, "claim", self._txn)
         ordered = sorted(set(tps))
         if not ordered:
@@ -261,15 +285,32 @@ class KafkaSink:
             self._producer.begin_transaction()
         except KafkaException as exc:
             self._after_error(exc)
-            raise RuntimeFailure(
+            raise SinkUnavailable(
                 f"kafka sink: begin_transaction failed: {_error_text(exc)}",
                 "check the broker; the runtime retries from the committed offsets",
             ) from exc
         self._txn = KafkaTransaction(self, self._producer)
         return self._txn
 
+    def reconnect(self) -> None:
+        """Drop the transaction and the producer; make a new producer
+        (``init_transactions`` aborts what the old one left open).
+
+        :raises SinkUnavailable: the broker cannot be reached yet."""
+        if self._txn is not None:
+            self._txn._finish()
+        self._producer = None
+        try:
+            self._producer = self._new_producer()
+        except RuntimeFailure as exc:
+            raise SinkUnavailable(exc.problem, exc.fix) from exc
+
     def close(self) -> None:
         """Abort an open transaction and drop the producer."""
+        if self._offsets is not None:
+            reader, self._offsets = self._offsets, None
+            with suppress(KafkaException, RuntimeError):
+                reader.close()
         if self._txn is not None:
             self._txn.abort()
         producer, self._producer = self._producer, None
@@ -277,6 +318,22 @@ class KafkaSink:
             _close_quietly(producer)
 
     # -- helpers -----------------------------------------------------------------------
+
+    def before_commit(self) -> None:
+        """Read the group metadata (generation, member) the next commit sends."""
+        self._group_metadata = self._bound().consumer_group_metadata()
+
+    def _offsets_reader(self) -> Consumer:
+        """The consumer that reads the group's committed offsets (module docs)."""
+        if self._offsets is None:
+            config = {
+                **self._extra,
+                "bootstrap.servers": self.bootstrap,
+                "group.id": self.group,
+                "enable.auto.commit": False,
+            }
+            self._offsets = Consumer(config)
+        return self._offsets
 
     def _bound(self) -> Any:
         if self._consumer is None:
@@ -307,14 +364,14 @@ class KafkaSink:
 class KafkaTransaction:
     """One Kafka transaction of a :class:`KafkaSink` (see module docs).
 
-    Message scopes may run on several threads at once: each thread's sends go to
-    its own scope's buffer. ``commit``/``abort`` wait for running scopes."""
+    Message scopes may run on several threads at once: each context's sends go
+    to its own scope's buffer (:data:`_SCOPE`). ``commit``/``abort`` wait for
+    running scopes."""
 
     def __init__(self, sink: KafkaSink, producer: Producer) -> None:
         self.handle = Output(self, sink.topic)
         self._sink = sink
         self._producer = producer
-        self._local = threading.local()
         self._idle = threading.Condition()
         self._active = 0
         self._done = False
@@ -325,10 +382,10 @@ class KafkaTransaction:
     def message(self) -> Iterator[None]:
         """Buffer the sends of one message; produce them only if it succeeds."""
         self._check_open()
-        if getattr(self._local, "buffer", None) is not None:
+        if self._buffer() is not None:
             raise SinkStateError("kafka sink: message() scopes do not nest", "close the outer one")
         buffer: list[Record] = []
-        self._local.buffer = buffer
+        token = _SCOPE.set((self, buffer))
         with self._idle:
             self._active += 1
         try:
@@ -336,15 +393,32 @@ class KafkaTransaction:
             for record in buffer:
                 self._produce(record)
         finally:
-            self._local.buffer = None
+            _SCOPE.reset(token)
             with self._idle:
                 self._active -= 1
                 self._idle.notify_all()
 
+    def _buffer(self) -> list[Record] | None:
+        """The buffer of this transaction's scope open in the running context."""
+        scope = _SCOPE.get()
+        return scope[1] if scope is not None and scope[0] is self else None
+
+    def dead_letter(self, topic: str, msg: Message, info: DeadLetterInfo) -> None:
+        """The dead letter as a record on ``info.target(topic)``, in its own scope."""
+        with self.message():
+            self.handle.send(
+                info.target(topic), msg.value(), key=msg.key(), headers=dlq_headers(msg, info)
+            )
+
+    def forward(self, topic: str, msg: Message, headers: Headers) -> None:
+        """``msg`` to ``topic`` with ``headers``, in its own scope."""
+        with self.message():
+            self.handle.send(topic, msg.value(), key=msg.key(), headers=headers)
+
     def send(self, record: Record) -> None:
-        """Buffer ``record`` in this thread's message scope, or produce it now."""
+        """Buffer ``record`` in the running context's message scope, or produce it now."""
         self._check_open()
-        buffer = getattr(self._local, "buffer", None)
+        buffer = self._buffer()
         if buffer is None:
             self._produce(record)
         else:
@@ -381,7 +455,7 @@ class KafkaTransaction:
         tps = [c.tp for c, _ in commits]
         try:
             if self._broken is not None:
-                raise RuntimeFailure(
+                raise SinkUnavailable(
                     f"kafka sink: producing a message's output failed ({self._broken!r}); "
                     "the transaction was aborted",
                     "check the broker; the runtime retries from the committed offsets",
@@ -408,7 +482,10 @@ class KafkaTransaction:
                             None,
                         )
                     )
-            group_metadata = sink._bound().consumer_group_metadata()
+            group_metadata = sink._group_metadata
+            if group_metadata is None:  # used without the runtime (tests, tools)
+                group_metadata = sink._bound().consumer_group_metadata()
+            sink._group_metadata = None
             self._producer.send_offsets_to_transaction(offsets, group_metadata, sink.timeout)
             self._commit_with_retries()
         except KafkaException as exc:
@@ -422,7 +499,7 @@ class KafkaTransaction:
                     "let the partitions go: their new owner processes them",
                     tps=tps,
                 ) from exc
-            raise RuntimeFailure(
+            raise SinkUnavailable(
                 f"kafka sink: committing the transaction failed: {_error_text(exc)}",
                 "check the broker; the runtime retries from the committed offsets",
             ) from exc
@@ -456,7 +533,7 @@ class KafkaTransaction:
             self._sink._after_error(exc)
 
     def _wait_idle(self) -> None:
-        if getattr(self._local, "buffer", None) is not None:
+        if self._buffer() is not None:
             raise SinkStateError(
                 "kafka sink: commit/abort inside a message() scope", "close the scope first"
             )

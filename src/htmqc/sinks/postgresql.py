@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 
-from htmqc.errors import RuntimeFailure
+from htmqc.sinks.base import SinkUnavailable
 from htmqc.sinks.sql import SqlSink
 from htmqc.sinks.urls import DEFAULT_TABLE_PREFIX, redact_url
 
@@ -57,11 +57,17 @@ class PostgresSink(SqlSink):
             password = _password_of(self._conninfo)
             if password:
                 detail = detail.replace(password, "***")
-            raise RuntimeFailure(
+            raise SinkUnavailable(
                 f"cannot connect to PostgreSQL sink {self.display}: {detail.strip()}",
                 "check that the server runs (pg_ctlcluster VERSION main start) and that "
                 "the URL's host, port, user, password and database are right",
             ) from None
+
+    def unavailable(self, exc: BaseException) -> bool:
+        """psycopg's ``OperationalError`` family: the connection was lost or
+        closed, the backend was terminated (``AdminShutdown``), a lock or
+        statement timed out; ``InterfaceError``: the connection is unusable."""
+        return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))
 
     def create_tables(self, cur: Any) -> None:
         """Create the positions table under an advisory lock."""

@@ -16,6 +16,8 @@ and ``fence``.
   ``ROLLBACK TO`` the savepoint. Scopes are serialized by a lock, so handlers on
   several worker threads cannot interleave their savepoints; the lock is held
   while the handler runs.
+* ``dead_letter`` writes a row of ``<prefix>dead_letters`` (:mod:`htmqc.dlq.table`)
+  in its own message scope; SQL sinks cannot ``forward`` Kafka records.
 * ``commit`` reads each partition's fence *under the write lock* (SQLite: the
   transaction began ``IMMEDIATE``, so the whole file is locked; PostgreSQL:
   ``SELECT ... FOR UPDATE`` on the position row, which a concurrent ``claim``'s
@@ -24,8 +26,17 @@ and ``fence``.
   :class:`~htmqc.sinks.base.Fenced`. Rows are locked in (topic, partition)
   order in both claim and commit, so two members cannot deadlock.
 
+Faults: a driver error that means the database cannot be used for now
+(:meth:`SqlSink.unavailable`: a lost connection, a terminated backend, a file
+locked past the busy timeout) becomes :class:`~htmqc.sinks.base.SinkUnavailable`;
+a transaction that had to be rolled back whole under a running batch raises
+:class:`~htmqc.sinks.base.TransactionAborted`; :meth:`SqlSink.reconnect` drops
+the connection and opens a new one. Other driver errors become a one-line
+:class:`~htmqc.errors.RuntimeFailure`.
+
 Subclasses give the dialect: placeholder, clock expression, how a write
-transaction begins, the row-lock suffix, the DDL and the connection.
+transaction begins, the row-lock suffix, the DDL, the connection, and which
+driver errors mean "unavailable".
 
 Debug switch (unsafe, for showing that the chaos checker can fail): with
 ``HTMQC_UNSAFE_DISABLE_FENCE=1`` in the environment when :meth:`SqlSink.open`
@@ -42,18 +53,25 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from htmqc.core.decisions import Commit, TopicPartition
+from htmqc.dlq import table as dlq_table
 from htmqc.errors import HtmqcError, RuntimeFailure, UsageError
+from htmqc.ports import ConsumerPort, Headers, Message
 from htmqc.sinks.base import (
     Fenced,
     Position,
     SinkStateError,
+    SinkUnavailable,
+    TransactionAborted,
     check_no_transaction,
     partition_name,
 )
 from htmqc.sinks.encoding import decode_finished, encode_finished
+
+if TYPE_CHECKING:
+    from htmqc.dlq.record import DeadLetterInfo
 
 _SAVEPOINT = "htmqc_msg"
 #: Environment variable that disables the fence check (see module docs).
@@ -67,6 +85,8 @@ class SqlSink(ABC):
     :class:`~htmqc.sinks.postgresql.PostgresSink` (see module docs)."""
 
     name: str
+    #: SQL sinks write dead letters as rows, never Kafka records.
+    writes_kafka = False
     #: DB-API placeholder of the driver.
     param: str
     #: SQL expression for the current time, stored in ``updated_at``.
@@ -81,6 +101,7 @@ class SqlSink(ABC):
     def __init__(self, display: str, table_prefix: str) -> None:
         self.display = display
         self.positions_table = f"{table_prefix}positions"
+        self.dead_letters_table = dlq_table.table_name(table_prefix)
         self.group = ""
         self._conn: Any = None
         self._txn: SqlTransaction | None = None
@@ -100,6 +121,11 @@ class SqlSink(ABC):
     def fix_for(self, action: str) -> str:
         """What to tell the user when ``action`` failed in the database."""
         return f"check that the {self.name} database {self.display} is reachable and writable"
+
+    @abstractmethod
+    def unavailable(self, exc: BaseException) -> bool:
+        """Whether the driver error ``exc`` means the database cannot be used
+        for now (lost connection, terminated backend, lock timeout)."""
 
     # -- Sink --------------------------------------------------------------------------
 
@@ -122,6 +148,29 @@ class SqlSink(ABC):
             )
         with self.db_errors("creating the positions table"):
             self.create_tables(self._conn.cursor())
+
+    def bind(self, consumer: ConsumerPort) -> None:  # noqa: B027 - a deliberate no-op
+        """SQL sinks keep their positions themselves: nothing to bind."""
+
+    def before_commit(self) -> None:  # noqa: B027 - a deliberate no-op
+        """SQL commits need nothing from the consumer."""
+
+    def reconnect(self) -> None:
+        """Drop the connection (an open transaction dies with it) and connect again.
+
+        :raises SinkUnavailable: the database cannot be reached yet."""
+        if self._txn is not None:
+            self._txn.abandon()
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            with suppress(Exception):
+                conn.close()
+        try:
+            self._conn = self.connect()
+        except SinkUnavailable:
+            raise
+        except RuntimeFailure as exc:
+            raise SinkUnavailable(exc.problem, exc.fix) from exc
 
     def claim(
         self,
@@ -213,17 +262,21 @@ class SqlSink(ABC):
 
     @contextmanager
     def db_errors(self, action: str) -> Iterator[None]:
-        """Turn the driver's errors into a one-line :class:`RuntimeFailure`."""
+        """Turn the driver's errors into a one-line :class:`RuntimeFailure`
+        (:class:`SinkUnavailable` when :meth:`unavailable` says so)."""
         try:
             yield
         except HtmqcError:
             raise
         except self.db_error as exc:
-            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise RuntimeFailure(
-                f"{self.name} sink {self.display}: {action} failed: {detail}",
-                self.fix_for(action),
-            ) from exc
+            raise self.failure(action, exc) from exc
+
+    def failure(self, action: str, exc: BaseException) -> RuntimeFailure:
+        """The one-line error for the driver error ``exc`` raised by ``action``."""
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        kind = SinkUnavailable if self.unavailable(exc) else RuntimeFailure
+        return kind(f"{self.name} sink {self.display}: {action} failed: {detail}",
+                    self.fix_for(action))
 
     def rollback_quietly(self, cur: Any) -> None:
         """``ROLLBACK``, ignoring a connection that is already gone."""
@@ -247,8 +300,11 @@ class SqlTransaction:
         with self._lock:
             self._check_open()
             sink = self._sink
-            with sink.db_errors("opening a message savepoint"):
+            try:
                 self._own.execute(f"SAVEPOINT {_SAVEPOINT}")
+            except sink.db_error as exc:
+                self._finish(rollback=True)
+                raise self._lost("opening a message savepoint", exc) from exc
             try:
                 yield
             except BaseException:
@@ -267,17 +323,40 @@ class SqlTransaction:
                 ) from exc
 
     def _undo_message(self) -> None:
-        sink = self._sink
         try:
             self._own.execute(f"ROLLBACK TO SAVEPOINT {_SAVEPOINT}")
             self._own.execute(f"RELEASE SAVEPOINT {_SAVEPOINT}")
-        except sink.db_error as exc:
+        except self._sink.db_error as exc:
             self._finish(rollback=True)
-            raise RuntimeFailure(
-                f"{sink.name} sink: could not undo a failed message ({exc}); "
-                "the whole transaction was rolled back",
-                "run the batch again from the stored positions",
-            ) from exc
+            raise self._lost("undoing a failed message", exc) from exc
+
+    def _lost(self, action: str, exc: BaseException) -> RuntimeFailure:
+        """The error for a transaction rolled back whole by ``action``'s failure."""
+        sink = self._sink
+        if sink.unavailable(exc):
+            return sink.failure(action, exc)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return TransactionAborted(
+            f"{sink.name} sink: {action} failed ({first}); the whole transaction was rolled back",
+            "run the batch again from the stored positions",
+        )
+
+    def dead_letter(self, topic: str, msg: Message, info: DeadLetterInfo) -> None:
+        """A row of the sink's dead-letter table, in its own message scope."""
+        with self.message():
+            dlq_table.insert(
+                self.handle, self._sink.dead_letters_table, self._sink.name, msg, info
+            )
+
+    def forward(self, topic: str, msg: Message, headers: Headers) -> None:
+        """SQL transactions cannot write Kafka records.
+
+        :raises SinkStateError: always."""
+        raise SinkStateError(
+            f"{self._sink.name} sink: cannot write a record to {topic} inside a database "
+            "transaction",
+            "use a kafka: sink for --retry-topic",
+        )
 
     def commit(self, commits: Sequence[tuple[Commit, int]]) -> None:
         """Check the fences under the write lock, store the positions, commit."""
@@ -326,6 +405,13 @@ class SqlTransaction:
         with self._lock:
             if not self._done:
                 self._finish(rollback=True)
+
+    def abandon(self) -> None:
+        """Forget the transaction without touching the connection (it is being
+        dropped: the database rolls the transaction back)."""
+        self._done = True
+        if self._sink._txn is self:
+            self._sink._txn = None
 
     def _finish(self, *, rollback: bool) -> None:
         if rollback:

@@ -76,6 +76,15 @@ class SqliteSink(SqlSink):
             'PRIMARY KEY (consumer_group, topic, "partition"))'
         )
 
+    def unavailable(self, exc: BaseException) -> bool:
+        """A lock held past the busy timeout, or a connection that was closed."""
+        text = str(exc).lower()
+        if isinstance(exc, sqlite3.ProgrammingError):
+            return "closed" in text
+        return isinstance(exc, sqlite3.OperationalError) and (
+            "locked" in text or "busy" in text or "disk i/o" in text
+        )
+
     def fix_for(self, action: str) -> str:
         """Lock waits are the usual SQLite failure: say so."""
         return (

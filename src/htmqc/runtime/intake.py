@@ -1,0 +1,234 @@
+"""Intake: a consumed batch becomes work for the workers.
+
+Errors are dropped (a fatal one stops the run); the rest is grouped by
+partition; each partition's run goes through the gate (is it ours, fetchable,
+not draining), the retry topic's due time, the core (``fetched`` leaves out
+offsets the sink already holds, ``started_many``), and is handed to the workers
+in one command per partition and lane: the hand-off costs per batch, not per
+message.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from itertools import groupby, repeat
+from operator import is_, methodcaller
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import KafkaError, Message
+from confluent_kafka import TopicPartition as KafkaTP
+
+from htmqc.core.decisions import TopicPartition
+from htmqc.errors import RuntimeFailure
+from htmqc.runtime.options import RunOptions
+from htmqc.runtime.retry_topic import retry_after_ms
+
+if TYPE_CHECKING:
+    from htmqc.runtime.loop import Engine
+
+log = logging.getLogger("htmqc.runtime")
+
+#: How intake reads a message's error, partition and offset: a consume batch is all
+#: ``confluent_kafka.Message`` (whose unbound methods ``map`` calls straight from C);
+#: anything else (test fakes, whose batches may mix types) is asked by name.
+READERS: dict[type, tuple[Callable[[Any], Any], ...]] = {
+    Message: (Message.error, Message.partition, Message.offset)
+}
+ANY_READERS: tuple[Callable[[Any], Any], ...] = (
+    methodcaller("error"),
+    methodcaller("partition"),
+    methodcaller("offset"),
+)
+
+
+class Intake:
+    """Turns consumed batches into worker commands (see module docs)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._log_error = ErrorLog(time.monotonic)
+
+    def _error(self, err: Any) -> None:
+        """A consumer error that is not fatal: rate-limited to the log; a broker
+        that is unreachable is remembered until the next message arrives."""
+        e = self.engine
+        if err.code() in BROKER_DOWN and e.broker_down is None:
+            e.broker_down = e.clock.monotonic()
+        self._log_error(err)
+
+    def dispatch(self, msgs: list[Any]) -> None:
+        """Hand a consumed batch to the core and the workers."""
+        e = self.engine
+        n = len(msgs)
+        e.stats.received += n
+        if not n:
+            return
+        now = e.clock.monotonic()
+        e.last_message = now
+        if e.stats.first_message_at is None:
+            e.stats.first_message_at = now
+        error, partition, offset = READERS.get(type(msgs[0]), ANY_READERS)
+        # Identity, not ==: a KafkaError compared with None raises (confluent-kafka 2.16).
+        if not all(map(is_, map(error, msgs), repeat(None))):
+            msgs = drop_errors(msgs, e.options, self._error)
+            if not msgs:
+                return
+        e.broker_down = None
+        core = e.core
+        gate = e.ownership
+        breaker = e.breaker
+        allowance = breaker.allowance()
+        for tp, batch in self.by_partition(msgs, partition):
+            lease = gate.lease(tp)
+            if lease is None or not gate.fetchable(tp) or core.tracker(tp).draining:
+                continue
+            if tp[0] == e.retry_topic:
+                batch = self.due_prefix(tp, batch)
+                if not batch:
+                    continue
+            offsets = list(map(offset, batch))
+            first = core.tracker(tp).next
+            if offsets[0] < first:
+                # Buffered before a seek: already covered by this assignment.
+                batch = [m for m in batch if m.offset() >= first]
+                offsets = [m.offset() for m in batch]
+                if not batch:
+                    continue
+            if allowance is not None:
+                # The breaker is not closed: hand out nothing (or its one probe);
+                # the rest is fetched again once it lets work out.
+                if allowance == 0:
+                    e.consumer.seek(KafkaTP(tp[0], tp[1], offsets[0]))
+                    continue
+                if len(batch) > 1:
+                    e.consumer.seek(KafkaTP(tp[0], tp[1], offsets[1]))
+                    batch, offsets = batch[:1], offsets[:1]
+            run = core.fetched(tp, lease.epoch, offsets)
+            if len(run) != len(batch):
+                if e.metrics is not None:
+                    e.metrics.duplicates_suppressed(len(batch) - len(run))
+                wanted = set(run)
+                batch = [m for m in batch if m.offset() in wanted]
+            if not run:
+                continue
+            core.started_many(tp, lease.epoch, run)
+            if allowance is not None:
+                e.failures.breaker_event(breaker.probe_started(tp, run[0], now))
+                allowance = 0
+            nbytes = sum(map(len, batch))
+            lease.count += len(run)
+            lease.nbytes += nbytes
+            e.stats.started(len(run), nbytes)
+            e.workers.submit(lease, batch, (list(run), nbytes))
+
+    def by_partition(
+        self, msgs: list[Any], partition: Callable[[Any], Any]
+    ) -> Iterable[tuple[TopicPartition, list[Any]]]:
+        """``msgs`` grouped by partition, in order within each.
+
+        librdkafka hands a fetch response out partition by partition, so a batch is
+        a few long runs: with one topic subscribed they are found by
+        :func:`itertools.groupby` in C (one call per message, no tuple, no dict
+        step); with the retry topic too, each message is looked at in Python."""
+        if not msgs:
+            return ()
+        e = self.engine
+        if e.retry_topic is None:
+            topic = e.options.topic
+            runs = [(p, list(run)) for p, run in groupby(msgs, partition)]
+            if len(runs) == len({p for p, _ in runs}):
+                return [((topic, p), run) for p, run in runs]
+            by_tp: dict[TopicPartition, list[Any]] = {}
+            for p, run in runs:
+                by_tp.setdefault((topic, p), []).extend(run)
+            return by_tp.items()
+        by_tp = {}
+        for msg in msgs:
+            by_tp.setdefault((msg.topic(), msg.partition()), []).append(msg)
+        return by_tp.items()
+
+    def due_prefix(self, tp: TopicPartition, batch: list[Any]) -> list[Any]:
+        """The retry-topic records of ``batch`` whose time has come, up to the first
+        that has not: from that one on, the partition is rewound and waits
+        (paused) until it is due (the gate's Waiting state)."""
+        e = self.engine
+        now_ms = e.clock.wall() * 1000.0
+        for i, msg in enumerate(batch):
+            due_ms = retry_after_ms(msg)
+            if due_ms > now_ms:
+                # The gate times in the loop's clock; the header is unix time.
+                until = e.clock.monotonic() + (due_ms - now_ms) / 1000.0
+                e.ownership.wait_until(tp, msg.offset(), until)
+                return batch[:i]
+        return batch
+
+
+#: librdkafka's text for Kafka's UNRELEASED_INSTANCE_ID (KIP-848): a live member holds
+#: the group.instance.id this consumer joined with.
+_INSTANCE_ID_IN_USE = "instance ID is still used by another member"
+
+
+def consumer_failure(text: str, options: RunOptions) -> RuntimeFailure:
+    """The one-line failure for a fatal consumer error ``text``."""
+    if _INSTANCE_ID_IN_USE in text and options.member_id:
+        return RuntimeFailure(
+            f"--member-id {options.member_id!r} is held by a live member of group "
+            f"{options.group!r}; under --group-protocol consumer the new member is fenced",
+            "give each live member its own --member-id; after a crash, start again once "
+            "the broker's group.consumer.session.timeout.ms (45 s by default) has passed",
+        )
+    return RuntimeFailure(f"Kafka consumer failed: {text}", "restart htmqc run")
+
+
+def drop_errors(
+    msgs: list[Any], options: RunOptions, on_error: Callable[[Any], None] | None = None
+) -> list[Any]:
+    """The messages of ``msgs`` that are not errors; a fatal error stops the run,
+    any other goes to ``on_error`` (default: logged).
+
+    librdkafka hands a fatal error to ``consume`` as a ``_FATAL`` event whose
+    ``fatal()`` is false (the flag is on the original error), so the code counts.
+    """
+    out = []
+    for msg in msgs:
+        err = msg.error()
+        if err is None:
+            out.append(msg)
+        elif err.fatal() or err.code() == KafkaError._FATAL:
+            raise consumer_failure(err.str(), options)
+        elif on_error is not None:
+            on_error(err)
+        else:
+            log.warning("consumer error: %s", err.str())
+    return out
+
+
+#: Error codes that say the broker cannot be reached (``/readyz``, the state page).
+BROKER_DOWN = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN})
+#: Seconds between two log lines for the same consumer error code.
+ERROR_LOG_EVERY = 30.0
+
+
+class ErrorLog:
+    """Consumer errors, rate-limited: the first of a code is logged, the same
+    code again only after :data:`ERROR_LOG_EVERY` seconds, with how many were
+    left out. A broker that is down makes librdkafka repeat itself many times a
+    second; the log should say it once, and the state should show it."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._last: dict[int, float] = {}
+        self._quiet: dict[int, int] = {}
+
+    def __call__(self, err: Any) -> None:
+        code, now = err.code(), self._clock()
+        last = self._last.get(code)
+        if last is not None and now - last < ERROR_LOG_EVERY:
+            self._quiet[code] = self._quiet.get(code, 0) + 1
+            return
+        self._last[code] = now
+        quiet = self._quiet.pop(code, 0)
+        more = f" ({quiet} more like it in {now - last:.0f} s)" if quiet and last else ""
+        log.warning("consumer error: %s%s", err.str(), more)
