@@ -16,7 +16,7 @@ LINTED := $(wildcard src tests model_checks proofs spec benchmarks examples)
 QUIET_PIP := { grep -v "^WARNING: Location 'file://" || true; }
 CROSSHAIR_TIMEOUT ?= 4
 
-.PHONY: help setup test lint typecheck pytest crosshair proofs tlc graph-replay spec-check conformance conformance-ts formal-tests verify verify-long mutate mutate-catalogue mutants test-kafka profile bench bench-peers bench-spark chaos-long demo clean
+.PHONY: help setup test test-fast lint typecheck pytest crosshair proofs tlc graph-replay spec-check conformance conformance-ts formal-tests verify verify-long mutate mutate-catalogue mutants test-kafka profile bench bench-peers bench-spark chaos-long demo clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -36,11 +36,14 @@ setup: ## install what is missing (venv, Debian packages, Kafka jars) and start 
 lint: setup ## ruff over the whole tree
 	$(VENV)/bin/ruff check $(LINTED)
 
-typecheck: setup ## mypy --strict over the core
-	$(VENV)/bin/mypy --strict $(CORE)
+typecheck: setup ## mypy --strict over the core, the runtime and the sinks
+	$(VENV)/bin/mypy --strict $(CORE) src/htmqc/runtime src/htmqc/sinks
 
 pytest: setup ## the pytest suite, less the formal checks (those run in `verify`)
-	$(PY) -m pytest -q -m "not formal"
+	$(PY) -m pytest -q -m "not formal" --durations=25
+
+test-fast: setup ## the fast tier for your own loop: no broker, no subprocess service, no Spark, no formal checks (~2 min)
+	$(PY) -m pytest -q -m "not slow and not formal" --durations=25
 
 test-kafka: setup ## every broker test on Apache Kafka too (the long tier), Kafka instances only
 	$(PY) -m pytest -q -m "kafka and not formal" --kafka-full

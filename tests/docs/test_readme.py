@@ -1,4 +1,6 @@
-"""Every ```python block of the README runs as written."""
+"""Every ```python block of the README runs as written. Blocks fenced ```py need a
+running broker and run until stopped (the Spark pipeline); tests/spark runs the same
+pipeline against a real one."""
 
 import re
 from pathlib import Path
