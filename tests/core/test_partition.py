@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 
 from htmqc.core import (
@@ -74,12 +76,14 @@ def test_an_empty_batch_without_end_changes_nothing(core: ConsumerCore) -> None:
         ([3, 4], None, "below next"),
         ([6, 6], None, "strictly increasing"),
         ([7, 6], None, "strictly increasing"),
+        (range(9, 5, -1), None, "strictly increasing"),  # a range need not count up
+        (range(9, 5, -2), None, "strictly increasing"),
         ([6, 8], 8, "not above the last offset"),
         ([], 4, "below next"),
     ],
 )
 def test_out_of_order_fetches_are_rejected_and_change_nothing(
-    core: ConsumerCore, offsets: list[int], end: int | None, message: str
+    core: ConsumerCore, offsets: Sequence[int], end: int | None, message: str
 ) -> None:
     e = core.assign(TP, 5)
     before = core.snapshot()
@@ -333,3 +337,14 @@ def test_offsets_held_by_the_sink_stay_in_every_commit_until_fetched(core: Consu
     running(core, e, [0], end=1)
     core.succeeded(TP, e, 0)
     assert core.commit_requested(TP) == Commit(tp=TP, epoch=e, offset=1, finished_above=(2,))
+
+
+def test_finished_means_below_next_and_no_longer_live(core: ConsumerCore) -> None:
+    """``is_finished``: covered by a fetch (below ``next``, gaps included) and not
+    live; ``next`` itself and everything above it is not finished."""
+    e = core.assign(TP, 0)
+    running(core, e, [0, 1, 3], end=5)
+    core.succeeded(TP, e, 1)
+    t = core.tracker(TP)
+    assert t.next == 5
+    assert [o for o in range(8) if t.is_finished(o)] == [1, 2, 4]
