@@ -103,6 +103,8 @@ def test_hostile_messages_end_in_the_dlq_and_the_rest_once(
                 "--group", f"hostile-{uuid.uuid4().hex[:6]}",
                 "--max-message-bytes", str(LIMIT), "--workers", "4", "--idle-exit", "4",
                 "--kafka-config", "fetch.message.max.bytes=2000000",
+                # hostile records in a row would rightly open the circuit breaker
+                "--breaker-consecutive", str(2**62), "--breaker-min-calls", str(2**62),
             ],
             env=dict(
                 os.environ,

@@ -37,6 +37,11 @@ PG = "127.0.0.1:5432/test"
 COUNT = 20
 
 
+#: Every message fails on purpose here: the circuit breaker would rightly stop the
+#: stream (tests/runtime/test_breaker.py); these tests follow the secret into the DLQ.
+NO_BREAKER = ("--breaker-consecutive", str(2**62), "--breaker-min-calls", str(2**62))
+
+
 def secret(label: str) -> str:
     """A password nobody would type twice (so any hit is a leak)."""
     return f"{label}-Zq{uuid.uuid4().hex[:12]}!x"
@@ -126,7 +131,7 @@ def test_kafka_secrets_never_leave_an_at_least_once_run(
             "--bootstrap", broker.bootstrap, "--topic", topic, "--group", "sec-alo",
             "--kafka-config", f"sasl.password={cli_secret}",
             "--config", str(config), "--trace", str(trace), "--metrics-port", "0",
-            "--log-level", "DEBUG", "--max-retries", "0",
+            "--log-level", "DEBUG", "--max-retries", "0", *NO_BREAKER,
         ],
         {
             "HTMQC_KAFKA_CONFIG": f"ssl.key.password={env_secret}",
@@ -171,7 +176,7 @@ def test_sink_url_password_never_leaves_an_exactly_once_run(
             "run", "tests.security.handlers:fail_quoting_secret",
             "--bootstrap", broker.bootstrap, "--topic", topic, "--group", "sec-eo",
             "--mode", "exactly-once", "--trace", str(trace), "--metrics-port", "0",
-            "--log-level", "DEBUG", "--max-retries", "0",
+            "--log-level", "DEBUG", "--max-retries", "0", *NO_BREAKER,
         ],
         {"HTMQC_SINK": sink, "HTMQC_SECURITY_SECRET": password},
         log,

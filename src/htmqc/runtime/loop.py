@@ -171,7 +171,14 @@ class Engine:
             if options.trace
             else ConsumerCore(retry, retry_topic=to_topic)
         )
-        self.breaker = Breaker(breaker)
+        self.breaker = Breaker(
+            breaker if breaker is not None
+            else BreakerPolicy(
+                consecutive=options.breaker_consecutive,
+                failure_rate=options.breaker_failure_rate,
+                min_calls=options.breaker_min_calls,
+            )
+        )
         self.lock = threading.RLock()
         self.stopping = threading.Event()
         self.stats = Stats(metrics)

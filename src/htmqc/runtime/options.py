@@ -153,6 +153,19 @@ class RunOptions:
         100.0, "first retry backoff, full jitter", limits=(0, 86_400_000, True)
     )
     backoff_max_ms: float = opt(30_000.0, "backoff cap", limits=(0, 86_400_000, True))
+    breaker_consecutive: int = opt(
+        10, "different messages failing in a row with one error class that open the "
+        "circuit breaker (a number above the stream's size turns this trigger off)",
+        limits=(1, 2**63 - 1, True),
+    )  # fmt: skip
+    breaker_failure_rate: float = opt(
+        0.5, "share of failed calls within 30 s that opens the circuit breaker",
+        limits=(0, 1, False),
+    )  # fmt: skip
+    breaker_min_calls: int = opt(
+        20, "calls within 30 s before --breaker-failure-rate applies (a number above the "
+        "stream's size turns this trigger off)", limits=(1, 2**63 - 1, True),
+    )  # fmt: skip
     poison_threshold: int = opt(
         5, "failures within --poison-window that make poison", limits=(1, 1_000_000, True)
     )
