@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from htmqc.errors import UsageError
 from model_checks.mutation import report
@@ -31,6 +31,14 @@ from model_checks.mutation.mutants import function_spans
 from model_checks.mutation.shadow import Shadow
 
 DEFAULT_TIMEOUT = 900.0
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+_T = TypeVar("_T", bound=_Named)
 
 
 def apply_bug(text: str, bug: Bug) -> str:
@@ -79,29 +87,28 @@ def catalogue_sources() -> str:
     return report.digest([*files, here / "catalogue.py", here / "config.py"])
 
 
+def _named(items: Sequence[_T], names: Sequence[str] | None, what: str) -> list[_T]:
+    """The ``items`` whose ``name`` is in ``names`` (all of them if none are named).
+
+    :raises UsageError: a name that no item has (``what`` says what kind).
+    """
+    if not names:
+        return list(items)
+    known = [item.name for item in items]
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise UsageError(f"no {what} {', '.join(unknown)}",
+                         f"choose from: {', '.join(sorted(known))}")
+    return [item for item in items if item.name in names]
+
+
 def select(only: Sequence[str] | None, layer_names: Sequence[str] | None
            ) -> tuple[list[Bug], list[Command]]:
     """The bugs and layers named (all by default).
 
     :raises UsageError: an unknown bug or layer name.
     """
-    bugs = list(CATALOGUE)
-    if only:
-        known = {b.name for b in CATALOGUE}
-        unknown = sorted(set(only) - known)
-        if unknown:
-            raise UsageError(f"no catalogue entry {', '.join(unknown)}",
-                             f"choose from: {', '.join(sorted(known))}")
-        bugs = [b for b in CATALOGUE if b.name in only]
-    layers = list(LAYERS)
-    if layer_names:
-        known = {c.name for c in LAYERS}
-        unknown = sorted(set(layer_names) - known)
-        if unknown:
-            raise UsageError(f"no layer {', '.join(unknown)}",
-                             f"choose from: {', '.join(c.name for c in LAYERS)}")
-        layers = [c for c in LAYERS if c.name in layer_names]
-    return bugs, layers
+    return _named(CATALOGUE, only, "catalogue entry"), _named(LAYERS, layer_names, "layer")
 
 
 def run_catalogue(

@@ -83,3 +83,17 @@ def test_an_always_raising_handler_trips_the_breaker_and_nothing_is_dead_lettere
     assert consumer.commits[(TOPIC, 0)][0] == N // 2
     assert consumer.commits[(TOPIC, 1)][0] == N // 2
     assert 'htmqc_breaker_transitions_total{event="tripped"}' in metrics.exposition().decode()
+
+
+def test_the_run_options_set_the_breaker_triggers() -> None:
+    """``--breaker-consecutive``, ``--breaker-failure-rate`` and
+    ``--breaker-min-calls`` reach the core's breaker; the rest is the core's."""
+    options = RunOptions(
+        bootstrap="fake:1", topic=TOPIC, group="g",
+        breaker_consecutive=3, breaker_failure_rate=0.25, breaker_min_calls=7,
+    )  # fmt: skip
+    consumer = FakeConsumer.from_logs(make_logs(TOPIC, 1, 1, keys=1))
+    engine = Engine(lambda msg: None, options, consumer)
+    policy = engine.breaker.policy
+    assert (policy.consecutive, policy.failure_rate, policy.min_calls) == (3, 0.25, 7)
+    assert policy.window == BreakerPolicy().window

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
+from htmqc.core.breaker import BreakerPolicy
+
 AT_LEAST_ONCE = "at-least-once"
 EXACTLY_ONCE = "exactly-once"
 MODES = (AT_LEAST_ONCE, EXACTLY_ONCE)
@@ -23,6 +25,9 @@ LOG_FORMATS = ("text", "json")
 #: ``--group-protocol``: Kafka's classic rebalance protocol, or KIP-848's ``consumer``
 #: protocol (Kafka 4.0 and later; the broker assigns and keeps the session timeout).
 GROUP_PROTOCOLS = ("classic", "consumer")
+
+#: The circuit breaker's failure-rate window (seconds): the core's, not an option.
+_BREAKER_WINDOW = BreakerPolicy().window
 
 #: A bound: ``(lowest, highest, lowest allowed itself)``.
 Limits = tuple[float, float, bool]
@@ -159,12 +164,12 @@ class RunOptions:
         limits=(1, 2**63 - 1, True),
     )  # fmt: skip
     breaker_failure_rate: float = opt(
-        0.5, "share of failed calls within 30 s that opens the circuit breaker",
-        limits=(0, 1, False),
+        0.5, f"share of failed calls within {_BREAKER_WINDOW:g} s that opens the circuit "
+        "breaker", limits=(0, 1, False),
     )  # fmt: skip
     breaker_min_calls: int = opt(
-        20, "calls within 30 s before --breaker-failure-rate applies (a number above the "
-        "stream's size turns this trigger off)", limits=(1, 2**63 - 1, True),
+        20, f"calls within {_BREAKER_WINDOW:g} s before --breaker-failure-rate applies (a "
+        "number above the stream's size turns this trigger off)", limits=(1, 2**63 - 1, True),
     )  # fmt: skip
     poison_threshold: int = opt(
         5, "failures within --poison-window that make poison", limits=(1, 1_000_000, True)
