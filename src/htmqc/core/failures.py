@@ -73,6 +73,7 @@ seconds when a retry topic is configured: ``due`` goes into a record header);
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, fields
 from typing import Final
 
@@ -218,6 +219,7 @@ def _within_bounds(
 @icontract.require(lambda attempts: attempts >= 1, enabled=ENABLED)
 @icontract.require(lambda failure, attempts: failure.prior_attempts < attempts, enabled=ENABLED)
 @icontract.require(lambda jitter: 0.0 <= jitter <= 1.0, enabled=ENABLED)
+@icontract.require(lambda now: math.isfinite(now), "the clock reads a finite time", enabled=ENABLED)
 @icontract.require(lambda held_for: held_for is None or held_for >= 0.0, enabled=ENABLED)
 @icontract.require(
     lambda failure, retry_topic: retry_topic is not None or not failure.from_retry_topic,
