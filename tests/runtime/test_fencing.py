@@ -105,6 +105,74 @@ def test_fenced_member_keeps_partitions_nobody_else_claimed(tmp_path: Path) -> N
     assert a.core.epoch(TP) is None
 
 
+def _p1(lo: int, hi: int) -> list[FakeMessage]:
+    return [FakeMessage(TOPIC, 1, i, b"k", f"{100 + i:012d}".encode()) for i in range(lo, hi)]
+
+
+def _rolled_back_on_partition_1(db: Path) -> tuple[Engine, FakeConsumer, int]:
+    """A holds partitions 0 and 1; B's claim fences A on partition 0 while A's
+    transaction holds partition 1's offsets 0-3 too: it is rolled back, and
+    partition 1 is claimed again at 0. Returns A, its consumer, and the number of
+    the consume call that returned the batch (read before the seek back to 0)."""
+    a, ca = _member(db, partitions=2)
+    b, cb = _member(db)
+    _assign(a, ca, 0, 1)
+    _assign(b, cb, 0)
+    batch = a.consumes + 1
+    _run(a, _messages(0, 3) + _p1(0, 4))
+    assert a.core.tracker((TOPIC, 1)).next == 0, "partition 1 was not re-read from the sink"
+    return a, ca, batch
+
+
+def _stored_1(db: Path) -> tuple[list[int], int]:
+    with sqlite3.connect(db) as conn:
+        ids = sorted(r[0] for r in conn.execute("SELECT id FROM effects WHERE id >= 100"))
+        got = conn.execute('SELECT committed FROM htmqc_positions WHERE "partition" = 1')
+        return ids, got.fetchone()[0]
+
+
+def test_records_read_before_the_rollback_are_no_gap(tmp_path: Path) -> None:
+    """The fetcher had read partition 1 up to 9 when the rollback sought it back to
+    0; those records, handed over after the seek, start above ``next``. Taken as
+    they come, offsets 0-3 would be a gap the broker skipped: finished without
+    running, committed, lost. They are set aside and fetched again from 0."""
+    db = tmp_path / "gap.db"
+    a, _, before = _rolled_back_on_partition_1(db)
+    a.dispatch(_p1(4, 10), before)
+    a.settle()
+    a.commit(force=True)
+    a.settle()
+    assert a.core.tracker((TOPIC, 1)).next == 0, "a stale batch moved the partition on"
+    _run(a, _p1(0, 10))  # fetched again, from the seek
+    assert _stored_1(db) == (list(range(100, 110)), 10)
+
+
+def test_a_stale_batch_that_starts_at_next_is_taken(tmp_path: Path) -> None:
+    """Records are immutable: a batch read before the seek that starts exactly at
+    ``next`` is the same data, and runs."""
+    db = tmp_path / "same.db"
+    a, _, before = _rolled_back_on_partition_1(db)
+    a.dispatch(_p1(0, 10), before)
+    a.settle()
+    a.commit(force=True)
+    a.settle()
+    assert _stored_1(db) == (list(range(100, 110)), 10)
+
+
+def test_no_gap_from_the_position_while_a_seek_is_outstanding(tmp_path: Path) -> None:
+    """librdkafka refuses the seek back to the sink's position (it is tried again
+    next turn); meanwhile ``position`` still says where the old fetch got to.
+    That is no gap the broker skipped: nothing is finished from it."""
+    db = tmp_path / "seek.db"
+    a, _, _ = _rolled_back_on_partition_1(db)
+    own = a.ownership
+    own._to_seek[(TOPIC, 1)] = 0  # the seek was refused
+    consumer: Any = a.consumer
+    consumer._position[(TOPIC, 1)] = 10  # where the old fetch got to
+    a.report_gaps()
+    assert a.core.tracker((TOPIC, 1)).next == 0, "the old position was taken as a gap"
+
+
 def test_a_fenced_partition_still_assigned_after_the_session_is_claimed_again(
     tmp_path: Path,
 ) -> None:

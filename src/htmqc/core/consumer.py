@@ -37,7 +37,6 @@ Events that are not late but illegal raise :class:`~htmqc.core.errors.CoreError`
 from __future__ import annotations
 
 import math
-
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -261,7 +260,9 @@ class ConsumerCore:
         return self._event(Event.HAND_OFF, tp, epoch, offset)
 
     @icontract.require(lambda jitter: 0.0 <= jitter <= 1.0, enabled=ENABLED)
-    @icontract.require(lambda now: math.isfinite(now), "the clock reads a finite time", enabled=ENABLED)
+    @icontract.require(
+        lambda now: math.isfinite(now), "the clock reads a finite time", enabled=ENABLED
+    )
     @icontract.require(lambda held_for: held_for is None or held_for >= 0.0, enabled=ENABLED)
     @icontract.ensure(
         lambda self, tp, offset, result: result is None

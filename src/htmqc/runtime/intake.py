@@ -6,6 +6,12 @@ not draining), the retry topic's due time, the core (``fetched`` leaves out
 offsets the sink already holds, ``started_many``), and is handed to the workers
 in one command per partition and lane: the hand-off costs per batch, not per
 message.
+
+Offsets between the core's ``next`` and a batch's first record are a gap (the
+broker skipped them), but only if the batch was read from where the partition
+now stands: records of a consume call that returned before the partition's latest
+seek (a claim after a rollback moves it back) are taken only from ``next`` on;
+otherwise they are set aside and the partition is sought to ``next`` again.
 """
 
 from __future__ import annotations
@@ -18,7 +24,6 @@ from operator import is_, methodcaller
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, Message
-from confluent_kafka import TopicPartition as KafkaTP
 
 from htmqc.core.decisions import TopicPartition
 from htmqc.errors import RuntimeFailure
@@ -58,8 +63,9 @@ class Intake:
             e.broker_down = e.clock.monotonic()
         self._log_error(err)
 
-    def dispatch(self, msgs: list[Any]) -> None:
-        """Hand a consumed batch to the core and the workers."""
+    def dispatch(self, msgs: list[Any], number: int) -> None:
+        """Hand a consumed batch to the core and the workers; ``number``: the
+        consume call that returned it (:attr:`Engine.consumes`)."""
         e = self.engine
         n = len(msgs)
         e.stats.received += n
@@ -96,14 +102,19 @@ class Intake:
                 offsets = [m.offset() for m in batch]
                 if not batch:
                     continue
+            if offsets[0] != first and gate.read_before_seek(tp, number):
+                # Read from the old position: the offsets up to it are no gap (a
+                # rollback re-reads them). Fetch again from next.
+                gate.seek(tp, first)
+                continue
             if allowance is not None:
                 # The breaker is not closed: hand out nothing (or its one probe);
                 # the rest is fetched again once it lets work out.
                 if allowance == 0:
-                    e.consumer.seek(KafkaTP(tp[0], tp[1], offsets[0]))
+                    gate.seek(tp, offsets[0])
                     continue
                 if len(batch) > 1:
-                    e.consumer.seek(KafkaTP(tp[0], tp[1], offsets[1]))
+                    gate.seek(tp, offsets[1])
                     batch, offsets = batch[:1], offsets[:1]
             run = core.fetched(tp, lease.epoch, offsets)
             if len(run) != len(batch):

@@ -256,6 +256,9 @@ class Engine:
         self._started = False
         #: Real time of the last poll (``/healthz``).
         self._polled = time.monotonic()
+        #: How many ``consume`` calls have started: a batch's number, and the time
+        #: stamp of each seek (:meth:`Ownership.read_before_seek`).
+        self.consumes = 0
         self._published = -_PUBLISH_EVERY
         #: Clock reading since when the broker has been unreachable, or ``None``.
         self.broker_down: float | None = None
@@ -438,10 +441,17 @@ class Engine:
 
     # -- the turn ---------------------------------------------------------------------------
 
-    def dispatch(self, msgs: list[Any]) -> None:
-        """Hand a consumed batch to the core and the workers (:mod:`.intake`)."""
+    def dispatch(self, msgs: list[Any], batch: int | None = None) -> None:
+        """Hand a consumed batch to the core and the workers (:mod:`.intake`).
+
+        ``batch``: the number of the ``consume`` call that returned ``msgs``
+        (:attr:`consumes` then); ``None``: a batch consumed just now, after every
+        seek so far."""
         with self.lock:
-            self.intake.dispatch(msgs)
+            if batch is None:
+                self.consumes += 1
+                batch = self.consumes
+            self.intake.dispatch(msgs, batch)
 
     def step(self, now: float | None = None) -> None:
         """One turn of the loop (module docs). ``now``: the loop's clock reading
@@ -463,11 +473,14 @@ class Engine:
             self._polled = real
             # While workers are busy, consume does not wait (librdkafka cannot be
             # woken by a worker's report); the turn waits on the reports, below.
+            self.consumes += 1
             msgs = self.consumer.consume(wanted, 0 if busy else _IDLE_WAIT)
         with self.lock:
+            # Reports may seek (a claim, a rollback): intake then knows this batch
+            # was read before the seek.
             self.serve()
             if msgs:
-                self.intake.dispatch(msgs)
+                self.intake.dispatch(msgs, self.consumes)
         if self.lockstep:
             # The turn's timers and commits see the batch done, as if it had run
             # inline: the order of events is a function of the input alone.
@@ -524,8 +537,17 @@ class Engine:
         return True, ""
 
     def report_gaps(self) -> None:
-        """Offsets the broker skipped (markers, aborted records) are gaps."""
-        held = [(tp, epoch, t) for tp, epoch, t in self.core.partitions() if not t.draining]
+        """Offsets the broker skipped (markers, aborted records) are gaps.
+
+        Only for partitions being fetched: ``position`` is one past the last record
+        ``consume`` returned, so it says nothing of the log while a partition waits
+        for a claim or a seek, or while the records it returned were set aside."""
+        fetchable = self.ownership.fetchable
+        held = [
+            (tp, epoch, t)
+            for tp, epoch, t in self.core.partitions()
+            if not t.draining and fetchable(tp)
+        ]
         if not held:
             return
         try:

@@ -97,6 +97,9 @@ class Ownership:
         self._deferred: set[TopicPartition] = set()
         self._claims_blocked = False
         self._to_seek: dict[TopicPartition, int] = {}
+        #: The consume call (:attr:`Engine.consumes`) during or after which each
+        #: partition was last sought or assigned at a position.
+        self._sought: dict[TopicPartition, int] = {}
         #: Partitions of a running ``on_assign``, and the pause each should get once
         #: librdkafka has them (a pause before ``incremental_assign`` is lost).
         self._assigning: set[TopicPartition] = set()
@@ -133,6 +136,17 @@ class Ownership:
             and not any(gate.state(tp) in _UNSETTLED for tp in gate.partitions())
         )
 
+    def read_before_seek(self, tp: TopicPartition, batch: int) -> bool:
+        """Whether consume call ``batch`` may have returned records of ``tp`` read
+        from where the fetcher was before ``tp``'s latest seek or assignment.
+
+        Such records are the log's, but the offsets between the core's ``next``
+        and the first of them are not a gap the broker skipped: they may never
+        have been read since the position moved (a rollback re-reads from the
+        sink's position). Intake takes such a batch only if it starts at ``next``.
+        """
+        return self._sought.get(tp, -1) >= batch
+
     def lease(self, tp: TopicPartition) -> Lease | None:
         """The current lease of a held partition."""
         return self.leases.get(tp)
@@ -149,7 +163,7 @@ class Ownership:
             elif isinstance(action, Claim):
                 self.request_claim(list(action.tps))
             elif isinstance(action, Seek):
-                self._seek(action.tp, action.offset)
+                self.seek(action.tp, action.offset)
             elif isinstance(action, (Pause, Resume)):
                 pause = isinstance(action, Pause)
                 now = [tp for tp in action.tps if tp not in self._assigning]
@@ -177,7 +191,7 @@ class Ownership:
             self.do(actions)
         if self._to_seek:
             for tp, offset in list(self._to_seek.items()):
-                self._seek(tp, offset)
+                self.seek(tp, offset)
 
     def reclaim_fenced(self, now: float) -> None:
         """:meth:`tick` (claim again the fenced partitions the group still gives us
@@ -190,7 +204,7 @@ class Ownership:
         clock): rewind to it and pause ``tp`` until then."""
         self.do(self.gate.retry_wait(tp, offset, until))
 
-    def _seek(self, tp: TopicPartition, offset: int) -> None:
+    def seek(self, tp: TopicPartition, offset: int) -> None:
         """Seek ``tp``; a seek librdkafka refuses (right after an assignment) is
         tried again next turn, and the partition is not fetched meanwhile."""
         if tp not in self.gate.partitions():
@@ -203,6 +217,7 @@ class Ownership:
             self._to_seek[tp] = offset
             return
         self._to_seek.pop(tp, None)
+        self._sought[tp] = self.engine.consumes
 
     # -- holding and letting go ------------------------------------------------------------
 
@@ -296,7 +311,7 @@ class Ownership:
         if late:
             log.info("claimed %s", ", ".join(f"{t}/{p}@{s}" for (t, p), s in late.items()))
             for tp, offset in late.items():
-                self._seek(tp, offset)
+                self.seek(tp, offset)
         if starts:
             self.do(gate.claimed(starts))
         return starts
@@ -339,6 +354,8 @@ class Ownership:
         consumer.incremental_assign(
             [KafkaTP(t, p, known[(t, p)]) if (t, p) in known else KafkaTP(t, p) for t, p in tps]
         )
+        for tp in known:
+            self._sought[tp] = e.consumes
         with e.lock:
             # librdkafka keeps a partition's pause across unassign and assign: say it
             # for each new partition, whichever way it goes (still claiming: paused).
