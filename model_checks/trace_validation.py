@@ -118,6 +118,7 @@ EVENTS = frozenset(
         "retry_scheduled",
         "retry_due",
         "dead_lettered",
+        "handed_off",
         "commit_requested",
         "commit_acked",
         "commit_failed",
@@ -126,7 +127,13 @@ EVENTS = frozenset(
         "crashed",
     }
 )
-_LIFECYCLE = ("started", "succeeded", "failed", "retry_scheduled", "retry_due", "dead_lettered")
+_LIFECYCLE = (
+    "started", "succeeded", "failed", "retry_scheduled", "retry_due", "dead_lettered", "handed_off"
+)
+#: The spec's retry-topic partition in a trace with hand-offs: the records it
+#: receives are the spec's ``rlog``; a trace of the member does not say which
+#: partition of the retry topic they went to, and need not.
+_RETRY_PARTITION = "(retry topic)"
 _MODES = ("at-least-once", "exactly-once")
 _DEEPEST = re.compile(r'<<"deepest", (\d+)>>')
 #: The fields of a recorded state (besides the three watermarks).
@@ -628,7 +635,8 @@ def tla_module(lines: Sequence[Line], mode: str, name: str = "TraceRun") -> tupl
     """
     if mode not in _MODES:
         raise UsageError(f"unknown mode {mode!r}", f"use one of {', '.join(_MODES)}")
-    parts = sorted({x.p for x in lines})
+    handoffs = sum(1 for x in lines if x.ev == "handed_off")
+    parts = sorted({x.p for x in lines} | ({_RETRY_PARTITION} if handoffs else set()))
     log: dict[str, set[int]] = {p: set() for p in parts}
     end: dict[str, int] = {p: 0 for p in parts}
     start: dict[str, int] = {}
@@ -679,6 +687,7 @@ def tla_module(lines: Sequence[Line], mode: str, name: str = "TraceRun") -> tupl
             f"RunStart == {_tla_fun({p: str(start.get(p, 0)) for p in parts})}",
             f"RunStartAbove == {_tla_fun({p: _tla_set(start_above.get(p, ())) for p in parts})}",
             f"RunFirstFence == {_tla_fun({p: str(first_fence.get(p, 0)) for p in parts})}",
+            f"RunRetryPartition == {json.dumps(_RETRY_PARTITION)}",
             "RunTrace == <<",
             ",\n".join(records),
             ">>",
@@ -719,10 +728,11 @@ def tla_module(lines: Sequence[Line], mode: str, name: str = "TraceRun") -> tupl
             "    MaxRaces = 0",
             "    MaxTrips = 0",
             "    FlowWindow = 0",
-            "    RetryTopic = FALSE",
-            "    RetryPartition = NoRetry",
-            "    RetryCap = 0",
-            '    FailureFacts = {"too_large", "poison", "permanent"}',
+            f"    RetryTopic = {'TRUE' if handoffs else 'FALSE'}",
+            f"    RetryPartition {'<- RunRetryPartition' if handoffs else '= NoRetry'}",
+            f"    RetryCap = {handoffs}",
+            '    FailureFacts = {"too_large", "poison", "permanent"'
+            + (', "long"}' if handoffs else "}"),
             "INIT TraceInit",
             "NEXT TraceNext",
             "INVARIANTS TraceUnmatched TypeOK OffsetOrder WorkTagged NoLoss"

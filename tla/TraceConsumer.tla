@@ -39,6 +39,10 @@
 (* (recorded at its assign line, which must carry a fresh, larger number), *)
 (* and every later line of p must carry it.                                *)
 (*                                                                         *)
+(* Hand-offs. A trace with handed_off lines gets one retry partition      *)
+(* (RetryPartition, not in the trace: the trace does not say where each   *)
+(* record went) with RetryCap = the number of hand-offs.                   *)
+(*                                                                         *)
 (* Steps the trace does not record (spec/refinement.md)                    *)
 (*   - session expiry: a member cannot see it; a hidden SessionExpired     *)
 (*     step is allowed just before a `revoked` line (RevokedLost);         *)
@@ -202,6 +206,7 @@ Step(l) ==
       [] l.ev = "retry_scheduled"  -> V(l.p).st[l.off] = "Retrying" /\ Stutter
       [] l.ev = "retry_due"        -> RetryDue(M, l.p, l.off)
       [] l.ev = "dead_lettered"    -> DeadLettered(M, l.p, l.off)
+      [] l.ev = "handed_off"       -> HandedOff(M, l.p, l.off)
       [] l.ev = "commit_requested" -> CommitRequestedStep(l)
       [] l.ev = "commit_acked"     -> AckStep(l)
       [] l.ev = "commit_failed"    -> CommitFailedStep(l)

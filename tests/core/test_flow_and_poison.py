@@ -4,6 +4,10 @@ The window tests state each step exactly (``observe`` and ``should_pause`` read
 as the module docs say, in integers), with draws that land on the boundaries: an
 error rate equal to ``max_error_rate``, a latency equal to the target, loads equal
 to the limit and to the resume marks, tiny limits where the marks bottom out at 1.
+
+The window and the poison detector are core decisions, so these properties are
+part of the proof gate (``make verify`` runs ``-m formal``): a one-line change to
+``observe`` that Z3's restatement of it cannot see fails here.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from hypothesis import strategies as st
 
 from htmqc.core.flow import FlowPolicy, FlowWindow
 from htmqc.core.poison import PoisonDetector
+
+pytestmark = pytest.mark.formal
 
 BOUNDS: dict[str, Any] = {
     "min_window": 16, "initial_window": 1000, "max_window": 10_000, "increase": 50,

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from htmqc.core import Event, PartitionTracker, Retryable
+from htmqc.core import Event, FailureKind, HandOff, PartitionTracker, Retryable, RetryPolicy
+from htmqc.core.failures import RetryTopic
 from htmqc.runtime import Engine, RunOptions
 from htmqc.runtime.trace import TracingCore
 from htmqc.sinks import open_sink
@@ -374,6 +375,47 @@ def drive(core: TracingCore) -> None:
     core.revoked(tp)
 
 
+def handed_off_trace() -> Trace:
+    """At-least-once with ``--retry-topic``: offset 0 fails with a backoff long
+    enough for the retry topic, is handed off, and 1 succeeds; a commit of 2."""
+    out = io.StringIO()
+    core = TracingCore(
+        out, RetryPolicy(base_delay=10.0, max_delay=10.0),
+        retry_topic=RetryTopic(name="t.retry", min_delay=5.0),
+    )
+    tp = ("t", 0)
+    epoch = core.assign(tp, 0, [])
+    core.fetched(tp, epoch, [0, 1], 2)
+    core.started_many(tp, epoch, [0, 1])
+    decision = core.failed(tp, epoch, 0, FailureKind.RETRYABLE, now=0.0, jitter=0.5)
+    assert isinstance(decision, HandOff)
+    core.succeeded(tp, epoch, 1)
+    assert core.handed_off(tp, epoch, 0)
+    commit = core.commit_requested(tp)
+    assert commit is not None and commit.offset == 2
+    core.commit_acked(tp, epoch, commit.offset)
+    return [json.loads(x) for x in out.getvalue().splitlines()]
+
+
+def handed_off_unfailed() -> tuple[Trace, int]:
+    """The hand-off line moved before the failure it finishes."""
+    lines = handed_off_trace()
+    k, j = index(lines, "t/0", "failed", 0), index(lines, "t/0", "handed_off", 0)
+    return [*lines[:k], lines[j], *lines[k:j], *lines[j + 1 :]], k + 1
+
+
+def test_a_hand_off_to_the_retry_topic_is_accepted() -> None:
+    lines = handed_off_trace()
+    assert [x["ev"] for x in lines].count("handed_off") == 1
+    assert tv.validate_lines(lines).ok
+
+
+def test_a_hand_off_of_an_offset_that_did_not_fail_is_rejected() -> None:
+    lines, blamed = handed_off_unfailed()
+    report = tv.validate_lines(lines)
+    assert not report.ok and report.violations[0].line == blamed
+
+
 def test_lines_in_memory_are_validated() -> None:
     out = io.StringIO()
     drive(TracingCore(out))
@@ -604,6 +646,17 @@ def test_small_doctored_trace_rejected_by_tlc(doctor: Callable[[], tuple[Trace, 
     lines, blamed = doctor()
     parsed = tv.parse_lines(lines)[0]
     verdict = tv.check_with_tlc(parsed, "exactly-once")
+    assert not verdict.accepted
+    assert tv._tlc_violation(parsed, verdict).line == blamed
+
+
+@pytest.mark.formal
+def test_a_hand_off_is_a_step_of_the_spec_for_tlc() -> None:
+    good = tv.parse_lines(handed_off_trace())[0]
+    assert tv.check_with_tlc(good, "at-least-once").accepted
+    bad, blamed = handed_off_unfailed()
+    parsed = tv.parse_lines(bad)[0]
+    verdict = tv.check_with_tlc(parsed, "at-least-once")
     assert not verdict.accepted
     assert tv._tlc_violation(parsed, verdict).line == blamed
 
