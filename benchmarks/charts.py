@@ -88,11 +88,12 @@ def latency_chart(doc: dict[str, Any], path: Path) -> Path | None:
     return path
 
 
-def write_charts(doc: dict[str, Any], directory: Path = RESULTS) -> list[Path]:
-    """Draw every chart ``doc`` has data for into ``directory``; their paths."""
+def write_charts(doc: dict[str, Any], directory: Path = RESULTS, suffix: str = "") -> list[Path]:
+    """Draw every chart ``doc`` has data for into ``directory``; their paths.
+    ``suffix``: added to the names (``-kafka``: :func:`benchmarks.brokers.suffix`)."""
     directory.mkdir(parents=True, exist_ok=True)
-    written = [throughput_chart(doc, directory / "peers_throughput.png")]
-    cdf = latency_chart(doc, directory / "peers_latency_cdf.png")
+    written = [throughput_chart(doc, directory / f"peers_throughput{suffix}.png")]
+    cdf = latency_chart(doc, directory / f"peers_latency_cdf{suffix}.png")
     if cdf is not None:
         written.append(cdf)
     return written
@@ -100,5 +101,7 @@ def write_charts(doc: dict[str, Any], directory: Path = RESULTS) -> list[Path]:
 
 if __name__ == "__main__":
     source = Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS / "peers.json"
-    for chart in write_charts(json.loads(source.read_text()), source.parent):
+    # peers-kafka.json draws peers_throughput-kafka.png, ...
+    suffix = source.stem.removeprefix("peers")
+    for chart in write_charts(json.loads(source.read_text()), source.parent, suffix):
         print(chart)

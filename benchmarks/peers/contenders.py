@@ -31,6 +31,10 @@ SLOTS: tuple[Slot, ...] = (
     Slot("faust", "faust_peer", "at-least-once", "faust-streaming 0.15 at-least-once"),
     Slot("htmqc_alo", "htmqc_peer", "at-least-once", "htmqc at-least-once"),
     Slot("htmqc_eo", "htmqc_peer", "exactly-once", "htmqc exactly-once into SQLite"),
+    Slot("htmqc_alo_ll", "htmqc_peer", "at-least-once+low-latency",
+         "htmqc at-least-once, --profile low-latency"),
+    Slot("htmqc_eo_ll", "htmqc_peer", "exactly-once+low-latency",
+         "htmqc exactly-once into SQLite, --profile low-latency"),
     Slot("htmqc_kk", "htmqc_peer", "exactly-once-kafka", "htmqc exactly-once Kafka→Kafka"),
 )
 BY_KEY = {slot.key: slot for slot in SLOTS}

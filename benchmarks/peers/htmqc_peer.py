@@ -3,7 +3,9 @@
 Modes: ``at-least-once``; ``exactly-once`` into a SQLite file (the handler
 writes nothing itself unless a ``store`` is given, the sink stores the offsets
 per transaction); ``exactly-once-kafka``: each value forwarded to the output
-topic (default ``TOPIC-htmqc-out``) in the sink's Kafka transaction. The CLI
+topic (default ``TOPIC-htmqc-out``) in the sink's Kafka transaction; each with
+``+low-latency`` (``at-least-once+low-latency``): the same under ``--profile
+low-latency``. The CLI
 runs in this (the contender's own) process with ``--max-messages COUNT`` so
 rusage covers it; the handlers below call the shared
 :class:`~benchmarks.peers.common.Meter` kept in :data:`METER`. Contracts are
@@ -27,6 +29,9 @@ from typing import Any
 from benchmarks.peers.common import INSERT_EFFECT, Meter, open_store, parse_id
 
 MODES = ("at-least-once", "exactly-once", "exactly-once-kafka")
+#: A mode may end with ``+PROFILE``: the run gets ``--profile PROFILE``
+#: (``at-least-once+low-latency``).
+PROFILE_MARK = "+"
 METER: Meter | None = None
 #: Whether :func:`handle_eo` writes an effect row through ``tx``.
 STORE_THROUGH_TX = False
@@ -124,12 +129,15 @@ def run(
 
     from htmqc.cli import main as htmqc_main
 
+    mode, _, profile = mode.partition(PROFILE_MARK)
     METER = Meter(count, latency=latency, kill_at=kill_at, journal=journal,
                   store=store if mode == "at-least-once" else None)
     _time_commits(METER)
     argv = ["run", "--bootstrap", bootstrap, "--topic", topic, "--group", group,
             "--max-messages", str(count), "--idle-exit", str(idle_exit or timeout),
             "--log-level", "WARNING"]
+    if profile:
+        argv += ["--profile", profile]
     if mode == "at-least-once":
         argv[1:1] = ["benchmarks.peers.htmqc_peer:handle_alo", "--mode", "at-least-once"]
     elif mode == "exactly-once":

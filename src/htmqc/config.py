@@ -38,7 +38,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from htmqc import secrets
 from htmqc.errors import UsageError
-from htmqc.runtime.options import MODES, OPTIONS, REQUIRED_VALUE, RunOptions
+from htmqc.runtime.options import MODES, OPTIONS, PROFILES, REQUIRED_VALUE, RunOptions
 
 _SECRET_WORDS = ("password", "secret", "key", "token", "credential", "jaas", "sasl.oauthbearer")
 
@@ -312,6 +312,11 @@ def _check(merged: dict[str, Any]) -> None:
             )
 
 
+def _given(name: str, *sources: Mapping[str, Any]) -> Any:
+    """The value of ``name`` in the first source that has it, else ``None``."""
+    return next((src[name] for src in sources if src.get(name) is not None), None)
+
+
 def resolve(
     cli: Mapping[str, Any],
     cli_kafka: Mapping[str, str],
@@ -345,13 +350,17 @@ def resolve(
         ],
     )
     merged: dict[str, Any] = {}
+    given: set[str] = set()
     for name, (_kind, default) in FIELDS.items():
-        for source in (cli, env_opts, file_opts):
-            if source.get(name) is not None:
-                merged[name] = _coerce(name, source[name])
-                break
-        else:
+        value = _given(name, cli, env_opts, file_opts)
+        if value is None:
             merged[name] = default
+        else:
+            merged[name] = _coerce(name, value)
+            given.add(name)
+    # The profile's values stand in for the defaults of the options not given.
+    tuned = PROFILES.get(merged["profile"], {})
+    merged.update({name: value for name, value in tuned.items() if name not in given})
     kafka: dict[str, Any] = {}
     for source in (file_kafka, env_kafka, cli_kafka):
         kafka.update({k: (str(v).lower() if isinstance(v, bool) else v) for k, v in source.items()})

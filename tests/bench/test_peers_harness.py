@@ -22,7 +22,7 @@ import pytest
 from benchmarks.charts import write_charts
 from benchmarks.peers import kill, runner
 from benchmarks.peers.common import Meter, latency_point, latency_summary, parse_id
-from benchmarks.peers.table import BEGIN, END, render, update_readme
+from benchmarks.peers.table import BEGIN, END, markers, render, update_readme
 from htmqc.audit import Effect
 from htmqc.audit.load import effects_from_sqlite
 from htmqc.broker import Broker
@@ -191,6 +191,23 @@ def test_table_is_replaced_between_markers_only(tmp_path: Path) -> None:
     assert "| OTHER | 100 B | 500 | 0.50 |" in text
 
 
+def test_each_broker_has_its_own_table(tmp_path: Path) -> None:
+    """A run on Kafka fills its own block and leaves Tansu's alone, and back."""
+    readme = tmp_path / "README.md"
+    readme.write_text(README_BEFORE)
+    update_readme(readme, _doc(1000.0, 250.0))
+    update_readme(readme, _doc(1000.0, 500.0), "kafka")
+    begin, end = markers("kafka")
+    text = readme.read_text()
+    assert (begin, end) != (BEGIN, END)
+    tansu = text.split(BEGIN, 1)[1].split(END, 1)[0]
+    kafka = text.split(begin, 1)[1].split(end, 1)[0]
+    assert "| OTHER | 100 B | 250 | 0.25 |" in tansu and "| OTHER | 100 B | 500 | 0.50 |" in kafka
+    update_readme(readme, _doc(1000.0, 750.0))
+    again = readme.read_text()
+    assert again.count(begin) == 1 and kafka in again and "| 750 |" not in kafka
+
+
 def _full_doc() -> dict[str, Any]:
     doc = _doc(1000.0, 500.0)
     doc["latency"] = {"other": {"offered_rate": 2000.0, "seconds": 3.0, "achieved_rate": 1990,
@@ -221,6 +238,8 @@ def test_charts_are_written_as_png(tmp_path: Path) -> None:
     assert [p.name for p in written] == ["peers_throughput.png", "peers_latency_cdf.png"]
     for path in written:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    kafka = write_charts(_full_doc(), tmp_path, "-kafka")
+    assert [p.name for p in kafka] == ["peers_throughput-kafka.png", "peers_latency_cdf-kafka.png"]
 
 
 @pytest.mark.broker
@@ -228,7 +247,8 @@ def test_harness_measures_throughput_resources_and_latency(broker: Broker, tmp_p
     readme = tmp_path / "README.md"
     readme.write_text(README_BEFORE)
     code = runner.main([
-        "--bootstrap", broker.bootstrap, "--contenders", "raw,htmqc_eo", "--count", "2000",
+        "--bootstrap", broker.bootstrap, "--contenders", "raw,htmqc_eo,htmqc_alo_ll",
+        "--count", "2000",
         "--sizes", "100", "--repeat", "1", "--latency-rate", "1000", "--latency-seconds", "5",
         "--no-kill", "--results", str(tmp_path), "--readme", str(readme), "--timeout", "60",
     ])
@@ -237,7 +257,7 @@ def test_harness_measures_throughput_resources_and_latency(broker: Broker, tmp_p
     assert set(doc) >= {"machine", "throughput", "slots", "count", "sizes", "repeat", "latency",
                         "goals", "charts"}
     assert doc["machine"]["cores"] and doc["machine"]["librdkafka"]
-    for key in ("raw", "htmqc_eo"):
+    for key in ("raw", "htmqc_eo", "htmqc_alo_ll"):
         run = doc["throughput"]["100"][key]
         assert run["ok"] == 1, run
         assert run["rate"] > 0 and run["cpu_s_per_million"] > 0 and run["peak_rss_mib"] > 10
@@ -248,6 +268,7 @@ def test_harness_measures_throughput_resources_and_latency(broker: Broker, tmp_p
         assert 0 < lat["latency_ms"]["p50"] <= lat["latency_ms"]["p99"] <= lat["latency_ms"][
             "p999"] <= lat["latency_ms"]["max"]
         assert lat["samples_ms"]
+        assert lat["assigned_first"], "latency measured before the group owned the partitions"
     assert doc["goals"]["100"]["alo_vs_raw"] is None  # htmqc_alo did not run
     assert sorted(doc["charts"]) == ["peers_latency_cdf.png", "peers_throughput.png"]
     assert (tmp_path / "peers_latency_cdf.png").exists()

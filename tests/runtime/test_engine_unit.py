@@ -328,3 +328,24 @@ def test_librdkafka_lines_repeat_at_most_once_per_period(
         logger.error("another line")
     lines = [r.getMessage() for r in caplog.records if r.name == logger.name]
     assert len(lines) == 2 and "Connection refused" in lines[0], lines
+
+
+@pytest.mark.parametrize("wait_ms", [2.0, 100.0])
+def test_an_idle_poll_waits_at_most_poll_wait_ms(wait_ms: float) -> None:
+    """``--poll-wait-ms`` bounds how long a turn's consume call waits for its
+    batch to fill while nothing runs (the low-latency profile's lever); a turn
+    with work running does not wait in consume at all. (Shutdown's keep-alive
+    polls, one message each, have their own bound.)"""
+    waits: list[float] = []
+
+    class Recording(FakeConsumer):
+        def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Any]:
+            if num_messages > 1:
+                waits.append(timeout)
+            return super().consume(num_messages, timeout)
+
+    consumer = Recording.from_logs(make_logs(TOPIC, 1, 50, keys=5))
+    engine = engine_for(lambda msg: None, consumer, max_messages=50, poll_wait_ms=wait_ms)
+    engine.run(install_signals=False)
+    assert waits and set(waits) <= {0, wait_ms / 1000.0}
+    assert wait_ms / 1000.0 in waits

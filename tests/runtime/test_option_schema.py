@@ -12,7 +12,7 @@ import pytest
 from htmqc import config
 from htmqc.cli import run_cmd
 from htmqc.errors import UsageError
-from htmqc.runtime.options import OPTIONS, REQUIRED_VALUE, RunOptions
+from htmqc.runtime.options import OPTIONS, PROFILES, REQUIRED_VALUE, RunOptions
 
 BASE = ["run", "m:f", "--bootstrap", "b:1", "--topic", "t", "--group", "g"]
 
@@ -61,3 +61,42 @@ def test_each_choice_is_offered_by_its_flag(option: object) -> None:
         assert getattr(resolved([*BASE, flag, choice]), option.name) == choice  # type: ignore[attr-defined]
     with pytest.raises(SystemExit):
         parser().parse_args([*BASE, flag, "no-such-choice"])
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_a_profile_sets_the_defaults_of_the_options_not_given(profile: str) -> None:
+    tuned = PROFILES[profile]
+    assert set(tuned) <= {o.name for o in OPTIONS}
+    options = resolved([*BASE, "--profile", profile])
+    for o in OPTIONS:
+        if o.default is not REQUIRED_VALUE and o.name != "profile":
+            assert getattr(options, o.name) == tuned.get(o.name, o.default), o.name
+
+
+def test_low_latency_is_shorter_waits_and_transactions() -> None:
+    """What the profile is for: idle polls and transactions bounded by a few ms."""
+    options = resolved([*BASE, "--profile", "low-latency"])
+    assert options.poll_wait_ms <= 2 and options.txn_ms <= 5
+    assert options.batch_size < resolved(BASE).batch_size
+
+
+def test_an_option_given_anywhere_wins_over_the_profile() -> None:
+    argv = [*BASE, "--profile", "low-latency"]
+    assert resolved([*argv, "--txn-ms", "50"]).txn_ms == 50
+    args = {"bootstrap": "b:1", "topic": "t", "group": "g", "profile": "low-latency"}
+    from_env = config.resolve(args, {}, environ={"HTMQC_POLL_WAIT_MS": "7"})
+    assert from_env.poll_wait_ms == 7 and from_env.txn_ms == PROFILES["low-latency"]["txn_ms"]
+    by_env = config.resolve(
+        {k: v for k, v in args.items() if k != "profile"}, {},
+        environ={"HTMQC_PROFILE": "low-latency", "HTMQC_BATCH_SIZE": "9"},
+    )
+    assert by_env.batch_size == 9 and by_env.poll_wait_ms == PROFILES["low-latency"]["poll_wait_ms"]
+
+
+def test_an_unknown_profile_is_a_one_line_error() -> None:
+    with pytest.raises(UsageError, match="--profile") as caught:
+        config.resolve(
+            {"bootstrap": "b:1", "topic": "t", "group": "g"}, {},
+            environ={"HTMQC_PROFILE": "fastest"},
+        )
+    assert "\n" not in str(caught.value)

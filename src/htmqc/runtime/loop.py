@@ -92,9 +92,10 @@ _PUBLISH_EVERY = 0.5
 #: ``/healthz`` fails when the poll loop has not turned for this long plus
 #: ``--shutdown-seconds`` (a revoke may wait that long inside a callback).
 LIVENESS_SECONDS = 10.0
-#: Seconds a turn with nothing fetched waits: for a worker's report while workers
-#: are busy or retries wait (woken by the report), else in consume().
-_BUSY_WAIT, _IDLE_WAIT = 0.01, 0.1
+#: Seconds a turn with nothing fetched waits for a worker's report while workers
+#: are busy or retries wait (woken by the report); an idle turn waits in
+#: consume() instead, up to ``--poll-wait-ms``.
+_BUSY_WAIT = 0.01
 
 
 class _Monotonic:
@@ -474,7 +475,7 @@ class Engine:
             # While workers are busy, consume does not wait (librdkafka cannot be
             # woken by a worker's report); the turn waits on the reports, below.
             self.consumes += 1
-            msgs = self.consumer.consume(wanted, 0 if busy else _IDLE_WAIT)
+            msgs = self.consumer.consume(wanted, 0 if busy else o.poll_wait_ms / 1000.0)
         with self.lock:
             # Reports may seek (a claim, a rollback): intake then knows this batch
             # was read before the seek.
