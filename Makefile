@@ -103,14 +103,16 @@ mutants: setup ## how many Hypothesis seeds catch each named core mutant (tests/
 profile: setup ## py-spy profile of the at-least-once engine (no broker): time by part and line
 	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.profile_engine
 
-bench: setup ## all benchmarks, the peers last (about an hour); results go to benchmarks/results/
+bench: setup ## all benchmarks, the peers last, on Tansu and on Kafka (about 2 h); results go to benchmarks/results/
 	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.core_bench --contracts off
 	HTMQC_CONTRACTS=1 $(PY) -m benchmarks.core_bench --contracts on
 	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.engine_bench
 	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.runtime_bench
+	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.runtime_bench --broker kafka
 	PYSPARK_PYTHON=$(abspath $(PY)) SPARK_LOCAL_IP=127.0.0.1 $(PY) -m benchmarks.audit_bench --rows 10000000
 	$(MAKE) bench-spark
 	$(MAKE) bench-peers
+	$(MAKE) bench-peers PEERS_ARGS="--broker kafka"
 
 bench-spark: setup ## Spark's kafka source vs htmqc-kafka vs a plain confluent-kafka loop, into noop (one run)
 	PYSPARK_PYTHON=$(abspath $(PY)) SPARK_LOCAL_IP=127.0.0.1 $(PY) -m benchmarks.spark_sources
@@ -141,7 +143,8 @@ chaos-long: setup ## fault-injected runs: 1M msgs/8 partitions/3 consumers/24 fa
 bench-peers: $(PEERS_VENV)/.stamp ## htmqc against raw confluent-kafka, aiokafka, Quix, faust
 	HTMQC_CONTRACTS=0 $(PEERS_VENV)/bin/python -m benchmarks.peers --timeout 600 $(PEERS_ARGS)
 # Full run by default (1M messages, 100 B and 1 KiB, 3 interleaved repeats, latency,
-# SIGKILL duplicates); PEERS_ARGS=--quick for a smoke run.
+# SIGKILL duplicates); PEERS_ARGS=--quick for a smoke run, PEERS_ARGS="--broker kafka"
+# on a single-node Apache Kafka.
 PEERS_ARGS ?=
 
 BROKER ?= bundled

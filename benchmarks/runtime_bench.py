@@ -1,18 +1,19 @@
 """Runtime throughput: a raw confluent-kafka loop against htmqc's modes.
 
-One bundled broker, one topic (``--count`` x 100-byte messages, 8 partitions);
-each variant consumes the whole topic with its own consumer group, in this
-process, and is timed from its first message to its last (group joins are
-left out). Variants: the raw loop (``consume`` batches, a Python call per
-message, an async commit per batch), the raw loop calling the SQLite handler
-with a SQLite commit per batch (the limit for exactly-once into SQLite),
-htmqc at-least-once, htmqc exactly-once
-into SQLite (the demo handler: one INSERT per message), htmqc exactly-once
-Kafka→Kafka (one output record per message), and at-least-once again with
-metrics on (what ``--metrics-port`` costs). Every variant runs ``--rounds``
-times, interleaved (the broker's speed on this shared box drifts); results go
-to ``benchmarks/results/runtime.json``: every run, the medians, each median's
-ratio to the raw loop, and the metrics overhead.
+One broker (``--broker``: the bundled Tansu, or a single-node Apache Kafka),
+one topic (``--count`` x 100-byte messages, 8 partitions); each variant
+consumes the whole topic with its own consumer group, in this process, and is
+timed from its first message to its last (group joins are left out). Variants:
+the raw loop (``consume`` batches, a Python call per message, an async commit
+per batch), the raw loop calling the SQLite handler with a SQLite commit per
+batch (the limit for exactly-once into SQLite), htmqc at-least-once, htmqc
+exactly-once into SQLite (the demo handler: one INSERT per message), htmqc
+exactly-once Kafka→Kafka (one output record per message), and at-least-once
+again with metrics on (what ``--metrics-port`` costs). Every variant runs
+``--rounds`` times, interleaved (the broker's speed on this shared box
+drifts); results go to ``benchmarks/results/runtime.json`` (on Kafka
+``runtime-kafka.json``): every run, the medians, each median's ratio to the
+raw loop, and the metrics overhead.
 
 Run with contracts off: ``HTMQC_CONTRACTS=0 python -m benchmarks.runtime_bench``.
 """
@@ -33,7 +34,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from htmqc.broker import create_topic, start_broker
+from benchmarks.brokers import BROKERS, describe, running, suffix
+from htmqc.broker import create_topic
 from htmqc.core import CONTRACTS_ENABLED
 from htmqc.kafka_defaults import consumer_config
 from htmqc.produce import produce
@@ -167,7 +169,8 @@ def chart(results: dict[str, Any], path: Path = CHART) -> Path:
     ax.set_xlim(0, max(rates.values()) * 1.6)
     ax.set_xlabel(f"msg/s, median of {results['rounds']} interleaved rounds")
     ax.set_title(f"htmqc runtime, {results['count']:,} x {results['size']} B, "
-                 f"{results['partitions']} partitions, bundled broker")
+                 f"{results['partitions']} partitions\n{results.get('broker', 'bundled broker')}",
+                 fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -179,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--broker", choices=BROKERS, default="tansu")
     args = parser.parse_args(argv)
     from examples.effects import record
     from examples.transform import upper
@@ -197,11 +201,12 @@ def main(argv: list[str] | None = None) -> int:
         "size": 100,
         "rounds": args.rounds,
         "contracts": CONTRACTS_ENABLED,
+        "broker": describe(args.broker),
         "runs": {},
     }
     runs: dict[str, list[float]] = results["runs"]
-    with start_broker() as broker:
-        b, topic = broker.bootstrap, "bench"
+    with running(args.broker) as b:
+        topic = "bench"
         create_topic(b, topic, PARTITIONS)
         create_topic(b, "bench-out", PARTITIONS)
         produce(b, topic, args.count, keys=1000, size=100)
@@ -254,9 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(json.dumps({k: results[k] for k in (
         "ratio_to_raw", "exactly_once_sqlite_to_raw_sqlite", "metrics_overhead")}))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"chart: {chart(results)}")
+    end = suffix(args.broker)
+    out = RESULTS.with_name(f"runtime{end}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"wrote {out}; chart: {chart(results, CHART.with_name(f'runtime{end}.png'))}")
     return 0
 
 

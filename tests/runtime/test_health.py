@@ -12,11 +12,9 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-import pytest
-
 from htmqc.core import BreakerPolicy
 from htmqc.observe import Metrics, ObserveServer
-from htmqc.runtime import Engine, RunOptions, loop
+from htmqc.runtime import Engine, RunOptions
 from htmqc.testing import FakeConsumer, make_logs
 
 TOPIC = "t"
@@ -39,17 +37,15 @@ def wait_until(predicate: Any, timeout: float = 10) -> None:
         time.sleep(0.02)
 
 
-def test_health_follows_the_poll_loop_and_readiness_the_breaker(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(loop, "LIVENESS_SECONDS", 0.5)
+def test_health_follows_the_poll_loop_and_readiness_the_breaker() -> None:
     consumer = FakeConsumer.from_logs(make_logs(TOPIC, 2, 50, keys=5))
 
     def handler(msg: Any) -> None:
         pass
 
     options = RunOptions(
-        bootstrap="fake:1", topic=TOPIC, group="g", shutdown_seconds=0.5, max_retries=1000
+        bootstrap="fake:1", topic=TOPIC, group="g", shutdown_seconds=0.5, max_retries=1000,
+        liveness_seconds=0.5,
     )
     metrics = Metrics()
     engine = Engine(

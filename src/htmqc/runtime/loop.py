@@ -89,9 +89,6 @@ _FLOW_INTERVAL = 1.0
 _POLL_EVERY = 0.1
 #: Real seconds between two snapshots of the state for readers (HTTP, Redis).
 _PUBLISH_EVERY = 0.5
-#: ``/healthz`` fails when the poll loop has not turned for this long plus
-#: ``--shutdown-seconds`` (a revoke may wait that long inside a callback).
-LIVENESS_SECONDS = 10.0
 #: Seconds a turn with nothing fetched waits for a worker's report while workers
 #: are busy or retries wait (woken by the report); an idle turn waits in
 #: consume() instead, up to ``--poll-wait-ms``.
@@ -518,8 +515,9 @@ class Engine:
     # -- health (read from HTTP threads: plain attributes, no lock) --------------------------
 
     def live(self) -> tuple[bool, str]:
-        """``/healthz``: the poll loop turned within its bound."""
-        bound = LIVENESS_SECONDS + self.options.shutdown_seconds
+        """``/healthz``: the poll loop turned within ``--liveness-seconds`` plus
+        ``--shutdown-seconds`` (a revoke may wait that long inside a callback)."""
+        bound = self.options.liveness_seconds + self.options.shutdown_seconds
         gap = time.monotonic() - self._polled
         if gap > bound:
             return False, f"the poll loop has not turned for {gap:.1f} s (bound {bound:g} s)"

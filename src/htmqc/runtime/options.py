@@ -211,6 +211,10 @@ class RunOptions:
         limits=(0, 65_535, True),
     )  # fmt: skip
     metrics_host: str = opt("127.0.0.1", "address for --metrics-port")
+    liveness_seconds: float = opt(
+        10.0, "/healthz fails when the poll loop has not turned for this long plus "
+        "--shutdown-seconds", limits=(0, 86_400, False),
+    )  # fmt: skip
     redis_url: str | None = opt(None, "mirror backpressure into redis://host:port/db")
     log_format: str = opt("text", "log lines as text or json", choices=LOG_FORMATS)
     otel: bool = opt(False, "OpenTelemetry spans (extra: otel)")
