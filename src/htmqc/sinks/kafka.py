@@ -34,6 +34,7 @@ group's committed offsets with a consumer of its own that never joins the group.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -67,6 +68,8 @@ from htmqc.sinks.kafka_positions import (
     record_value,
 )
 
+log = logging.getLogger("htmqc.sinks")
+
 #: Broker errors that mean "another owner has the partition or the transactional id".
 FENCING_ERRORS = frozenset(
     {
@@ -96,6 +99,10 @@ COORDINATOR_MOVING = frozenset(
 _COORDINATOR_RETRY_SECONDS = 0.2
 #: Kafka's default ``offset.metadata.max.bytes``.
 METADATA_MAX_BYTES = 4096
+
+#: How long past its own timeout a transactional call of librdkafka may run
+#: before the sink gives up on it and on its producer (:func:`_bounded`).
+STUCK_GRACE_SECONDS = 5.0
 
 Record = tuple[str, Any, Any, Any]  # topic, value, key, headers
 
@@ -161,6 +168,8 @@ class KafkaSink:
         self._txn: KafkaTransaction | None = None
         self._fences: dict[TopicPartition, int] = {}
         self._last_fence = 0
+        #: Producers given up while stuck in librdkafka (:meth:`_abandon`).
+        self._abandoned: list[Producer] = []
 
     @property
     def transactional_id(self) -> str:
@@ -353,12 +362,27 @@ class KafkaSink:
             self._producer = None  # unusable: closing it would try to abort and hang
             return
         try:
-            producer.abort_transaction(self.timeout)
+            _bounded(producer.abort_transaction, seconds=self.timeout)
         except KafkaException as again:
             inner = again.args[0] if again.args else None
             if isinstance(inner, KafkaError) and inner.code() == KafkaError._STATE:
                 return  # no transaction in progress
             self._producer = None
+        except _Stuck:
+            self._abandon(producer)
+
+    def _abandon(self, producer: Producer) -> None:
+        """Drop a producer stuck in a transactional call: never closed (closing it
+        would wait for that call), kept referenced so that its destructor does not
+        run on some other thread and block there; the next ``begin`` or
+        ``reconnect`` makes a new producer, whose ``init_transactions`` fences it."""
+        if self._producer is producer:
+            self._producer = None
+        self._abandoned.append(producer)
+        log.warning(
+            "kafka sink: a producer stuck in a transactional call was abandoned "
+            "(%d so far in this process)", len(self._abandoned),
+        )
 
 
 class KafkaTransaction:
@@ -486,8 +510,20 @@ class KafkaTransaction:
             if group_metadata is None:  # used without the runtime (tests, tools)
                 group_metadata = sink._bound().consumer_group_metadata()
             sink._group_metadata = None
-            self._producer.send_offsets_to_transaction(offsets, group_metadata, sink.timeout)
+            _bounded(
+                self._producer.send_offsets_to_transaction, offsets, group_metadata,
+                seconds=sink.timeout,
+            )  # fmt: skip
             self._commit_with_retries()
+        except _Stuck as stuck:
+            self._finish()
+            sink._abandon(self._producer)
+            raise SinkUnavailable(
+                f"kafka sink: librdkafka's {stuck} did not return within "
+                f"{sink.timeout + STUCK_GRACE_SECONDS:g} s; the transaction is dropped and its "
+                "producer abandoned (a new one fences it)",
+                "check the broker; the runtime retries from the committed offsets",
+            ) from None
         except KafkaException as exc:
             self._finish()
             sink._after_error(exc)
@@ -512,7 +548,7 @@ class KafkaTransaction:
         deadline = time.monotonic() + self._sink.timeout
         while True:
             try:
-                self._producer.commit_transaction(self._sink.timeout)
+                _bounded(self._producer.commit_transaction, seconds=self._sink.timeout)
                 return
             except KafkaException as exc:
                 err = exc.args[0] if exc.args else None
@@ -527,10 +563,13 @@ class KafkaTransaction:
             return
         self._wait_idle()
         self._finish()
+        producer = self._producer
         try:
-            self._producer.abort_transaction(self._sink.timeout)
+            _bounded(producer.abort_transaction, seconds=self._sink.timeout)
         except KafkaException as exc:
             self._sink._after_error(exc)
+        except _Stuck:
+            self._sink._abandon(producer)
 
     def _wait_idle(self) -> None:
         if self._buffer() is not None:
@@ -551,6 +590,43 @@ class KafkaTransaction:
                 "kafka sink: this transaction is already committed or aborted",
                 "call sink.begin() for a new one",
             )
+
+
+class _Stuck(Exception):
+    """A transactional call did not return within its bound (:func:`_bounded`)."""
+
+
+def _bounded(method: Callable[..., Any], *args: Any, seconds: float) -> None:
+    """``method(*args, seconds)`` (a transactional call of librdkafka, given
+    ``seconds`` as its own timeout) on a thread of its own, waited for at most
+    ``seconds`` + :data:`STUCK_GRACE_SECONDS`; its exception, if it raised one.
+
+    librdkafka 2.16 can block in ``send_offsets_to_transaction`` far past its
+    timeout after a broker fault (issues 5456 and 5511: the coordinator
+    request's timeout is never checked), which stopped the sink's consumers until
+    ``max.poll.interval.ms`` threw them out of the group.
+
+    :raises _Stuck: the call is still running; its producer must be abandoned
+        (a new one with the same ``transactional.id`` fences it).
+    """
+    what = getattr(method, "__name__", "call")
+    outcome: list[BaseException | None] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            method(*args, seconds)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"htmqc-kafka-{what}", daemon=True).start()
+    if not done.wait(seconds + STUCK_GRACE_SECONDS):
+        raise _Stuck(what)
+    if outcome[0] is not None:
+        raise outcome[0]
 
 
 def _close_quietly(producer: Producer) -> None:
