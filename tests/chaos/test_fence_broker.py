@@ -5,7 +5,10 @@ Consumer A is SIGSTOPped while it works through a backlog (so it holds an open
 transaction with effects), stays stopped past the session timeout while B takes
 its partitions and stores them again, then wakes and commits its old
 transaction. With ``HTMQC_UNSAFE_DISABLE_FENCE=1`` the sink lets that commit
-through. A SQLite run with kills and network faults checks the other sink.
+through: duplicate effects, and positions that move back (the run may then
+never see every message stored again: nobody re-reads what a zombie moved
+back, so completing is not asked for). A SQLite run with kills and network
+faults checks the other sink.
 """
 
 from __future__ import annotations
@@ -27,7 +30,13 @@ def pg_url() -> str:
     return url
 
 
+@pytest.mark.brokers("tansu")
 def test_zombie_without_fence_is_caught(tmp_path: Path, broker_kind: str) -> None:
+    """Bundled broker only. On Kafka, librdkafka notices the expired session the
+    moment A wakes (SESSTMOUT) and the runtime dooms the zombie's transaction
+    before it commits in about half the runs (4 of 7 here, 2026-11-27): the
+    fence is not the only line there, and the late commit this test needs
+    cannot be forced."""
     config = ChaosConfig(
         broker=broker_kind,
         seed=3,
@@ -38,7 +47,7 @@ def test_zombie_without_fence_is_caught(tmp_path: Path, broker_kind: str) -> Non
         kinds=("zombie",),
         pg_url=pg_url(),
         produce_seconds=0.0,  # a backlog: A is inside a transaction when stopped
-        timeout=150.0,
+        timeout=60.0,  # positions a zombie moved back are never stored again
         work_dir=tmp_path / "work",
         unsafe_disable_fence=True,
         progress=False,
@@ -46,7 +55,6 @@ def test_zombie_without_fence_is_caught(tmp_path: Path, broker_kind: str) -> Non
     result = run_chaos(config)
     print(result.summary())
     assert [i["kind"] for i in result.injected] == ["zombie"]
-    assert result.completed
     assert not result.ok
     [pg] = result.pipelines
     assert pg.audit.counts["duplicate"] > 0

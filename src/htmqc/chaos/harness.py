@@ -605,7 +605,8 @@ def _drive(
                     m.unexpected_exits += 1
                     log(f"chaos: c{m.index} exited with {m.proc.returncode}; restarting")
                     m.restart()
-            if injector.done and not producer.is_alive() and min(stored) >= config.messages:
+            done = injector.done(time.monotonic())
+            if done and not producer.is_alive() and min(stored) >= config.messages:
                 completed = True
                 break
             time.sleep(POLL_SECONDS)

@@ -41,6 +41,12 @@ from htmqc.chaos.schedule import BROKER_KINDS, JEPSEN, NETWORK_KINDS, SWITCH_KIN
 #: A zombie stays stopped past its scheduled time until its pipeline moved on
 #: (a claim, a rebalance), but at most this much longer.
 ZOMBIE_GRACE_SECONDS = 30.0
+#: A run is over only this long after its last fault ended: what a fault sets in
+#: motion (a woken zombie's late commit, a restarted consumer's first claim) gets
+#: to happen, and be judged, before the consumers are stopped. Without it a zombie
+#: woken once the others had stored everything was stopped at once, and its late
+#: transaction, the very thing the fault is for, never had a chance to commit.
+AFTERMATH_SECONDS = 3.0
 _SWITCH_FIELD = {
     "sink-slow": "slow_ms",
     "sink-error": "sink_error_rate",
@@ -187,6 +193,8 @@ class Injector:
         ]  # fmt: skip
         self.active: list[_Active] = []
         self.started = time.monotonic()
+        #: ``step``'s clock reading when the last fault ended.
+        self.last_end = self.started
         self.write_control()
 
     def clock(self) -> float:
@@ -198,9 +206,9 @@ class Injector:
         tmp.write_text(json.dumps(self.switches))
         os.replace(tmp, self.control)
 
-    @property
-    def done(self) -> bool:
-        return not self.pending and not self.active
+    def done(self, now: float) -> bool:
+        """No fault pending or in force, the last one ended :data:`AFTERMATH_SECONDS` ago."""
+        return not self.pending and not self.active and now - self.last_end >= AFTERMATH_SECONDS
 
     @property
     def broker_errors(self) -> list[str]:
@@ -212,6 +220,7 @@ class Injector:
         for active in list(self.active):
             if self._try_end(active, now):
                 self.active.remove(active)
+                self.last_end = now
         busy = set().union(*(resources(a.fault) for a in self.active))
         for f in list(self.pending):
             if f.at > fraction:
