@@ -130,3 +130,16 @@ def test_an_abort_stuck_in_librdkafka_returns_and_drops_the_producer(
     assert sink._producer is None and sink._abandoned == [stand_ins[0]]
     within(2, lambda: sink.begin().abort())  # begin makes a new producer
     assert stand_ins[1].calls == ["begin_transaction", "abort_transaction"]
+
+
+def test_closing_needs_no_producer_close(
+    stand_ins: list[StandIn], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Producer.close`` is new in confluent-kafka 2.13; the stand-in, like 2.12's
+    producer (Quix pins it), has none: the sink still closes (it stopped every
+    Kafka→Kafka run of the peers' benchmark with exit 1)."""
+    sink = open_sink(stand_ins, None, monkeypatch)
+    within(2, lambda: sink.begin().commit([(COMMIT, 1)]))
+    assert not hasattr(stand_ins[0], "close")
+    sink.close()
+    assert sink._producer is None

@@ -630,9 +630,14 @@ def _bounded(method: Callable[..., Any], *args: Any, seconds: float) -> None:
 
 
 def _close_quietly(producer: Producer) -> None:
-    """Close a producer that has nothing left to send (its transaction is over)."""
+    """Close a producer that has nothing left to send (its transaction is over).
+    ``Producer.close`` is new in confluent-kafka 2.13; an older one (pyproject
+    allows 2.6 and later) is let go when the last reference to it goes."""
+    close = getattr(producer, "close", None)
+    if close is None:
+        return
     with suppress(KafkaException, RuntimeError):
-        producer.close()
+        close()
 
 
 def _error_text(exc: KafkaException) -> str:
