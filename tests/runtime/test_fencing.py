@@ -60,9 +60,10 @@ def _lose(engine: Engine, consumer: FakeConsumer, *partitions: int) -> None:
     engine.settle()
 
 
-def _run(engine: Engine, msgs: list[FakeMessage]) -> None:
-    """Dispatch ``msgs``, let the worker run them, commit (waiting for the outcome)."""
-    engine.dispatch(msgs)
+def _run(engine: Engine, msgs: list[FakeMessage], batch: int | None = None) -> None:
+    """Dispatch ``msgs`` (returned by consume call ``batch``; ``None``: just now),
+    let the worker run them, commit (waiting for the outcome)."""
+    engine.dispatch(msgs, batch)
     engine.settle()
     engine.commit(force=True)
     engine.settle()
@@ -138,10 +139,7 @@ def test_records_read_before_the_rollback_are_no_gap(tmp_path: Path) -> None:
     running, committed, lost. They are set aside and fetched again from 0."""
     db = tmp_path / "gap.db"
     a, _, before = _rolled_back_on_partition_1(db)
-    a.dispatch(_p1(4, 10), before)
-    a.settle()
-    a.commit(force=True)
-    a.settle()
+    _run(a, _p1(4, 10), before)
     assert a.core.tracker((TOPIC, 1)).next == 0, "a stale batch moved the partition on"
     _run(a, _p1(0, 10))  # fetched again, from the seek
     assert _stored_1(db) == (list(range(100, 110)), 10)
@@ -152,10 +150,7 @@ def test_a_stale_batch_that_starts_at_next_is_taken(tmp_path: Path) -> None:
     ``next`` is the same data, and runs."""
     db = tmp_path / "same.db"
     a, _, before = _rolled_back_on_partition_1(db)
-    a.dispatch(_p1(0, 10), before)
-    a.settle()
-    a.commit(force=True)
-    a.settle()
+    _run(a, _p1(0, 10), before)
     assert _stored_1(db) == (list(range(100, 110)), 10)
 
 
