@@ -38,7 +38,15 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 from htmqc import secrets
 from htmqc.errors import UsageError
-from htmqc.runtime.options import MODES, OPTIONS, PROFILES, REQUIRED_VALUE, RunOptions
+from htmqc.runtime.options import (
+    MODES,
+    OPTIONS,
+    PROFILES,
+    REQUIRED_VALUE,
+    SINK_DEFAULTS,
+    RunOptions,
+)
+from htmqc.sinks.urls import parse_sink_url
 
 _SECRET_WORDS = ("password", "secret", "key", "token", "credential", "jaas", "sasl.oauthbearer")
 
@@ -358,8 +366,12 @@ def resolve(
         else:
             merged[name] = _coerce(name, value)
             given.add(name)
-    # The profile's values stand in for the defaults of the options not given.
+    # The profile's values stand in for the defaults of the options not given; the
+    # sink's defaults for those the profile does not set either.
     tuned = PROFILES.get(merged["profile"], {})
+    if merged["sink"]:
+        kind = parse_sink_url(merged["sink"]).kind
+        tuned = {**SINK_DEFAULTS.get(kind, {}), **tuned}
     merged.update({name: value for name, value in tuned.items() if name not in given})
     kafka: dict[str, Any] = {}
     for source in (file_kafka, env_kafka, cli_kafka):

@@ -12,7 +12,7 @@ import pytest
 from htmqc import config
 from htmqc.cli import run_cmd
 from htmqc.errors import UsageError
-from htmqc.runtime.options import OPTIONS, PROFILES, REQUIRED_VALUE, RunOptions
+from htmqc.runtime.options import OPTIONS, PROFILES, REQUIRED_VALUE, SINK_DEFAULTS, RunOptions
 
 BASE = ["run", "m:f", "--bootstrap", "b:1", "--topic", "t", "--group", "g"]
 
@@ -91,6 +91,35 @@ def test_an_option_given_anywhere_wins_over_the_profile() -> None:
         environ={"HTMQC_PROFILE": "low-latency", "HTMQC_BATCH_SIZE": "9"},
     )
     assert by_env.batch_size == 9 and by_env.poll_wait_ms == PROFILES["low-latency"]["poll_wait_ms"]
+
+
+SINK_URLS = {"kafka": "kafka:out", "sqlite": "sqlite:///s.db", "postgresql": "postgresql://h/db"}
+
+
+@pytest.mark.parametrize("kind", sorted(SINK_URLS))
+def test_the_sink_sets_the_defaults_of_the_options_not_given(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Below the profile, above the schema: a Kafka transaction is dearer than a
+    database's, so it holds more messages by default."""
+    tuned = SINK_DEFAULTS.get(kind, {})
+    assert set(tuned) <= {o.name for o in OPTIONS}
+    sink = [*BASE, "--mode", "exactly-once", "--sink", SINK_URLS[kind]]
+    options = resolved(sink)
+    for o in OPTIONS:
+        if o.default is not REQUIRED_VALUE and o.name not in ("mode", "sink"):
+            assert getattr(options, o.name) == tuned.get(o.name, o.default), o.name
+    for name in tuned:  # given anywhere, or set by the profile, the option wins
+        flag = next(o.flag for o in OPTIONS if o.name == name)
+        assert getattr(resolved([*sink, flag, "7"]), name) == 7
+        monkeypatch.setitem(PROFILES, "low-latency", {**PROFILES["low-latency"], name: 3})
+        assert getattr(resolved([*sink, "--profile", "low-latency"]), name) == 3
+
+
+def test_a_kafka_sink_commits_more_messages_per_transaction() -> None:
+    kafka = resolved([*BASE, "--mode", "exactly-once", "--sink", "kafka:out"])
+    assert kafka.txn_messages > resolved(BASE).txn_messages
+    assert kafka.txn_ms == resolved(BASE).txn_ms  # the age still bounds it
 
 
 def test_an_unknown_profile_is_a_one_line_error() -> None:

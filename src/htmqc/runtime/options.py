@@ -39,6 +39,17 @@ PROFILES: dict[str, dict[str, Any]] = {
     "low-latency": {"poll_wait_ms": 2.0, "batch_size": 200, "txn_ms": 5.0},
 }
 
+#: Defaults that depend on the sink's kind (:data:`htmqc.sinks.urls.SinkKind`), in
+#: force for the options given nowhere and not set by the profile. A Kafka
+#: transaction costs far more than a database's: its commit flushes every record
+#: produced in it and waits for the coordinator to write the markers on every
+#: partition it touched (milliseconds on loopback), and the handlers wait
+#: meanwhile; 10,000 messages (``txn_ms`` still bounds the age) made Kafka->Kafka
+#: 2-3x faster on Apache Kafka than 1,000 (benchmarks/README.md).
+SINK_DEFAULTS: dict[str, dict[str, Any]] = {
+    "kafka": {"txn_messages": 10_000},
+}
+
 #: The circuit breaker's failure-rate window (seconds): the core's, not an option.
 _BREAKER_WINDOW = BreakerPolicy().window
 
@@ -81,7 +92,8 @@ class RunOptions:
     run on the poll thread); exactly-once runs them on the one transaction
     thread, one at a time, inside the sink transaction. ``max_in_flight``: fetched but
     unfinished messages before partitions are paused. ``txn_messages`` /
-    ``txn_ms``: bounds of one exactly-once transaction. ``commit_ms``: how often
+    ``txn_ms``: bounds of one exactly-once transaction (``txn_messages``'s default
+    depends on the sink: :data:`SINK_DEFAULTS`). ``commit_ms``: how often
     at-least-once commits. ``max_messages``/``idle_exit``: stop conditions for
     tests and demos. ``max_message_bytes``: larger values are dead-lettered.
     ``shutdown_seconds``: how long revoke and shutdown wait for running work.
@@ -129,7 +141,8 @@ class RunOptions:
         10_000, "unfinished messages before pausing", limits=(1, 10_000_000, True)
     )
     txn_messages: int = opt(
-        1000, "messages per sink transaction", limits=(1, 10_000_000, True)
+        1000, "messages per sink transaction (10000 for a kafka: sink)",
+        limits=(1, 10_000_000, True),
     )
     txn_ms: float = opt(
         100.0, "milliseconds per sink transaction", limits=(0, 86_400_000, False)
