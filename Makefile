@@ -39,11 +39,17 @@ lint: setup ## ruff over the whole tree
 typecheck: setup ## mypy --strict over the core, the runtime and the sinks
 	$(VENV)/bin/mypy --strict $(CORE) src/htmqc/runtime src/htmqc/sinks
 
-pytest: setup ## the pytest suite, less the formal checks (those run in `verify`)
-	$(PY) -m pytest -q -m "not formal" --durations=25
+# Two pytest processes share the tests a file at a time (most broker tests wait on
+# sessions and subprocesses, so two fit on two cores); the `serial` ones, whose
+# deadlines or races the other process's load could decide, run alone afterwards.
+XDIST := -n 2 --dist loadfile
 
-test-fast: setup ## the fast tier for your own loop: no broker, no subprocess service, no Spark, no formal checks (~2 min)
-	$(PY) -m pytest -q -m "not slow and not formal" --durations=25
+pytest: setup ## the pytest suite, less the formal checks (those run in `verify`)
+	$(PY) -m pytest -q $(XDIST) -m "not formal and not serial" --durations=25
+	$(PY) -m pytest -q -m "serial and not formal" --durations=10
+
+test-fast: setup ## the fast tier for your own loop: no broker, no subprocess service, no Spark, no formal checks (~1 min)
+	$(PY) -m pytest -q $(XDIST) -m "not slow and not formal" --durations=25
 
 test-kafka: setup ## every broker test on Apache Kafka too (the long tier), Kafka instances only
 	$(PY) -m pytest -q -m "kafka and not formal" --kafka-full

@@ -78,6 +78,8 @@ MARKERS = (
     "a plain test on Kafka",
     "kafka: this test instance runs on Apache Kafka (applied automatically)",
     "kafka_full: a Kafka test that runs only with --kafka-full (the long tier)",
+    "serial: timing-sensitive (an exit deadline, a race it must win): `make pytest` runs it "
+    "alone, after the tests it runs two at a time",
 )
 
 

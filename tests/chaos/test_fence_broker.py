@@ -30,6 +30,7 @@ def pg_url() -> str:
     return url
 
 
+@pytest.mark.serial  # the late commit must win a race that load decides
 @pytest.mark.brokers("tansu")
 def test_zombie_without_fence_is_caught(tmp_path: Path, broker_kind: str) -> None:
     """Bundled broker only. On Kafka, librdkafka notices the expired session the

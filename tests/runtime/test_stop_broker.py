@@ -29,7 +29,8 @@ from htmqc.sinks.encoding import decode_finished, decode_metadata
 from tests.runtime.test_modes_broker import kafka_args, read_ids
 from tests.runtime.test_run_broker import finish, htmqc_run, wait_for
 
-pytestmark = pytest.mark.broker
+# Exit deadlines and poll gaps, measured: another test's load would decide them.
+pytestmark = [pytest.mark.broker, pytest.mark.serial]
 
 HANDLERS = "tests.runtime.handlers"
 #: The poll thread handles a signal at its next bytecode: within one consume
