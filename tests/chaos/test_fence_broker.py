@@ -30,14 +30,13 @@ def pg_url() -> str:
     return url
 
 
-@pytest.mark.serial  # the late commit must win a race that load decides
-@pytest.mark.brokers("tansu")
+@pytest.mark.brokers("tansu", "kafka")
 def test_zombie_without_fence_is_caught(tmp_path: Path, broker_kind: str) -> None:
-    """Bundled broker only. On Kafka, librdkafka notices the expired session the
-    moment A wakes (SESSTMOUT) and the runtime dooms the zombie's transaction
-    before it commits in about half the runs (4 of 7 here, 2026-11-27): the
-    fence is not the only line there, and the late commit this test needs
-    cannot be forced."""
+    """With the fence off, a zombie's late transaction is stored and the audit
+    reports it. The zombie stops itself inside a handler call, its transaction
+    holding the call's effect (``zombie_in_transaction``): stopped from outside
+    at whatever moment the fault fired, it often held nothing, just after a
+    commit, and had nothing to commit late."""
     config = ChaosConfig(
         broker=broker_kind,
         seed=3,
@@ -51,11 +50,12 @@ def test_zombie_without_fence_is_caught(tmp_path: Path, broker_kind: str) -> Non
         timeout=60.0,  # positions a zombie moved back are never stored again
         work_dir=tmp_path / "work",
         unsafe_disable_fence=True,
+        zombie_in_transaction=True,
         progress=False,
     )
     result = run_chaos(config)
     print(result.summary())
-    assert [i["kind"] for i in result.injected] == ["zombie"]
+    assert [(i["kind"], i["stopped"]) for i in result.injected] == [("zombie", "in-transaction")]
     assert not result.ok
     [pg] = result.pipelines
     assert pg.audit.counts["duplicate"] > 0

@@ -101,6 +101,27 @@ def test_slow_switch_sleeps(
     assert time.monotonic() - started >= 0.06
 
 
+def test_stop_in_txn_stops_the_named_client_once_after_its_effect(
+    cursor: sqlite3.Cursor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    signals: list[tuple[int, int, int]] = []  # (pid, signal, effects stored by then)
+    monkeypatch.setattr(
+        handler.os, "kill", lambda pid, sig: signals.append((pid, sig, len(rows(cursor))))
+    )
+    monkeypatch.setattr(handler, "_stopped_for", set())
+    monkeypatch.setenv(handler.CLIENT_ENV, "chaos-c1")
+    control(tmp_path, monkeypatch, stop_in_txn="chaos-c0#4")
+    record(msg_of(1), cursor)  # another client's stop
+    assert signals == []
+    control(tmp_path, monkeypatch, stop_in_txn="chaos-c1#4")
+    record(msg_of(2), cursor)
+    record(msg_of(3), cursor)  # woken: the same token does not stop it again
+    assert signals == [(os.getpid(), handler.signal.SIGSTOP, 2)]
+    control(tmp_path, monkeypatch, stop_in_txn="chaos-c1#7")
+    record(msg_of(4), cursor)
+    assert len(signals) == 2
+
+
 def test_switches_reload_when_the_file_changes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

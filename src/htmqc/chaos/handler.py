@@ -41,6 +41,11 @@ Switches (the control file; missing keys are off; re-read at most every
     the dead-letter table.
 ``salt``
     mixed into the share selection (the run's seed).
+``stop_in_txn``
+    ``CLIENT#N``: the consumer whose ``HTMQC_CHAOS_CLIENT`` is ``CLIENT`` stops
+    itself (SIGSTOP) once, right after the effect of its next message went into
+    the open transaction: a zombie whose late transaction surely holds effects
+    (:class:`~htmqc.chaos.harness.ChaosConfig`'s ``zombie_in_transaction``).
 
 Which messages are in a "share" is a hash of ``(salt, kind, id)``: the same
 messages on every run with the same seed.
@@ -50,6 +55,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 import time
 import zlib
@@ -67,6 +73,8 @@ from htmqc.sinks.sql import SqlSink
 
 TABLE_ENV = "HTMQC_CHAOS_TABLE"
 CONTROL_ENV = "HTMQC_CHAOS_CONTROL"
+#: The consumer's client id (``chaos-c<k>``), for the ``stop_in_txn`` switch.
+CLIENT_ENV = "HTMQC_CHAOS_CLIENT"
 RELOAD_SECONDS = 0.05
 _FAILING_SQL = "SELECT * FROM htmqc_chaos_injected_sink_error"
 
@@ -82,6 +90,8 @@ class PoisonMessage(RuntimeError):
 #: The fence of each partition as last claimed by this process.
 held: dict[TopicPartition, int] = {}
 _attempts: dict[tuple[str, int], int] = {}
+#: The ``stop_in_txn`` tokens this process has stopped for (each stops it once).
+_stopped_for: set[str] = set()
 
 
 def _install_claim_probe() -> None:
@@ -147,6 +157,7 @@ class Switches:
         self.handler_error_rate = 0.0
         self.poison: frozenset[int] = frozenset()
         self.salt = 0
+        self.stop_in_txn = ""
         self._checked = 0.0
         self._stamp: tuple[int, int] | None = None
         self._lock = threading.Lock()
@@ -176,6 +187,7 @@ class Switches:
             self.handler_error_rate = float(data.get("handler_error_rate", 0.0))
             self.poison = frozenset(int(i) for i in data.get("poison", ()))
             self.salt = int(data.get("salt", 0))
+            self.stop_in_txn = str(data.get("stop_in_txn", ""))
         return self
 
 
@@ -236,15 +248,26 @@ def record(msg: Any, tx: Any) -> None:
             encode_output(ident, text, part, msg.offset(), txn_log.token, current_txn),
             key=key,
         )
+    else:
+        tx.execute(
+            _insert_sql(tx),
+            (
+                ident,
+                key.decode() if key is not None else None,
+                part,
+                msg.offset(),
+                held.get((topic, part)),
+                os.getpid(),
+            ),
+        )
+    _stop_if_asked(sw.stop_in_txn)
+
+
+def _stop_if_asked(token: str) -> None:
+    """SIGSTOP this process once for a ``stop_in_txn`` token naming its client."""
+    if not token or token in _stopped_for:
         return
-    tx.execute(
-        _insert_sql(tx),
-        (
-            ident,
-            key.decode() if key is not None else None,
-            part,
-            msg.offset(),
-            held.get((topic, part)),
-            os.getpid(),
-        ),
-    )
+    if token.partition("#")[0] != os.environ.get(CLIENT_ENV):
+        return
+    _stopped_for.add(token)
+    os.kill(os.getpid(), signal.SIGSTOP)  # the harness sends SIGCONT

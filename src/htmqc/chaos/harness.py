@@ -62,7 +62,7 @@ from typing import Any
 
 from htmqc.broker import Broker, _spawn, _wait_ready, broker_binary, create_topic, free_port
 from htmqc.chaos.cluster import ClusterFront
-from htmqc.chaos.handler import CONTROL_ENV, TABLE_ENV
+from htmqc.chaos.handler import CLIENT_ENV, CONTROL_ENV, TABLE_ENV
 from htmqc.chaos.injector import Injector, Member
 from htmqc.chaos.kafka_store import TXN_DIR_ENV, KafkaRunStore
 from htmqc.chaos.nemesis import BrokerFault, Nemesis
@@ -120,6 +120,12 @@ class ChaosConfig:
     work_dir: Path | None = None
     keep_tables: bool = False
     unsafe_disable_fence: bool = False
+    zombie_in_transaction: bool = False
+    """A zombie fault stops its consumer from inside a handler call, right after
+    the call's effect went into the open transaction (the ``stop_in_txn`` switch
+    of :mod:`htmqc.chaos.handler`), instead of by a SIGSTOP at whatever moment the
+    fault fires: its late transaction then surely holds effects. Without it the
+    stop may fall just after a commit, with nothing to commit late."""
     progress: bool = True
     broker: str = "tansu"
     """``tansu`` (the bundled broker), ``kafka`` (one node) or ``kafka-cluster``
@@ -220,6 +226,7 @@ class ChaosResult:
                 "sinks": list(c.sinks),
                 "produce_seconds": c.produce_seconds,
                 "unsafe_disable_fence": c.unsafe_disable_fence,
+                "zombie_in_transaction": c.zombie_in_transaction,
             },
             "completed": self.completed,
             "wall_seconds": round(self.wall_seconds, 2),
@@ -404,7 +411,10 @@ def _consumer_starter(
         with (work / f"c{index}.log").open("ab") as out:
             out.write(f"--- incarnation {incarnation}\n".encode())
             out.flush()
-            return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+            return subprocess.Popen(
+                cmd, env={**env, CLIENT_ENV: f"chaos-c{index}"}, stdout=out,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
 
     return start
 
@@ -536,7 +546,10 @@ def _run(
 
             broker_fault = make_fault
 
-        injector = Injector(schedule, members, proxy, control, config.seed, log, broker_fault)
+        injector = Injector(
+            schedule, members, proxy, control, config.seed, log, broker_fault,
+            zombie_in_transaction=config.zombie_in_transaction,
+        )  # fmt: skip
         for pipeline in pipelines:
             start = _consumer_starter(config, broker.bootstrap, topic, pipeline, control, work)
             first = len(members)

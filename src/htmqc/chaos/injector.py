@@ -47,6 +47,8 @@ ZOMBIE_GRACE_SECONDS = 30.0
 #: woken once the others had stored everything was stopped at once, and its late
 #: transaction, the very thing the fault is for, never had a chance to commit.
 AFTERMATH_SECONDS = 3.0
+#: How long a zombie asked to stop inside a handler call gets to do it.
+STOP_IN_TXN_SECONDS = 10.0
 _SWITCH_FIELD = {
     "sink-slow": "slow_ms",
     "sink-error": "sink_error_rate",
@@ -114,6 +116,14 @@ class Member:
         self.proc.send_signal(signal.SIGSTOP)
         self.stopped = True
 
+    def is_stopped(self) -> bool:
+        """Whether the process is stopped now (``T`` in ``/proc/PID/stat``)."""
+        try:
+            stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
+        except OSError:
+            return False
+        return stat.rpartition(")")[2].split()[0] == "T"
+
     def cont(self) -> None:
         self.proc.send_signal(signal.SIGCONT)
         self.stopped = False
@@ -173,8 +183,11 @@ class Injector:
         salt: int,
         log: Callable[[str], None],
         broker_fault: Callable[[Fault], BrokerFault] | None = None,
+        *,
+        zombie_in_transaction: bool = False,
     ) -> None:
         self.pending = [f for f in schedule if f.kind != "poison"]
+        self.zombie_in_transaction = zombie_in_transaction
         self.members = members
         self.proxy = proxy
         self.control = control
@@ -282,7 +295,10 @@ class Injector:
         elif f.kind == "zombie":
             member = self.members[f.consumer or 0]
             active.before = member.ownership.snapshot()
-            member.stop()
+            if self.zombie_in_transaction:
+                record["stopped"] = self._stop_in_transaction(member, f.index)
+            else:
+                member.stop()
         elif f.kind in NETWORK_KINDS:
             mode: Mode = f.kind.removeprefix("net-")  # type: ignore[assignment]
             self.proxy.set(mode, self._target(f), delay_ms=f.delay_ms)
@@ -290,6 +306,23 @@ class Injector:
             self.switches[_SWITCH_FIELD[f.kind]] = f.delay_ms if f.kind == "sink-slow" else f.rate
             self.write_control()
         return active
+
+    def _stop_in_transaction(self, member: Member, index: int) -> str:
+        """Have ``member`` stop itself inside a handler call (the handler's
+        ``stop_in_txn`` switch); ``in-transaction``, or ``outside`` when it did not
+        within :data:`STOP_IN_TXN_SECONDS` (no message came) and was stopped here."""
+        self.switches["stop_in_txn"] = f"{member.client_id}#{index}"
+        self.write_control()
+        deadline = time.monotonic() + STOP_IN_TXN_SECONDS
+        while not member.is_stopped() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        del self.switches["stop_in_txn"]
+        self.write_control()
+        if member.is_stopped():
+            member.stopped = True
+            return "in-transaction"
+        member.stop()
+        return "outside"
 
     def _end(self, f: Fault) -> None:
         self.log(f"chaos: t={self.clock():.1f}s end #{f.index} {f.kind}")

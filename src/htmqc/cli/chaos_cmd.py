@@ -83,6 +83,12 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="DEBUG ONLY: consumers skip the generation fence (shows the checker failing)",
     )
+    parser.add_argument(
+        "--zombie-in-transaction",
+        action="store_true",
+        help="a zombie stops itself inside a handler call, so its late transaction holds "
+        "effects (not at whatever moment the fault fires)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -109,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         work_dir=Path(args.work_dir) if args.work_dir else None,
         keep_tables=args.keep_tables,
         unsafe_disable_fence=args.unsafe_disable_fence,
+        zombie_in_transaction=args.zombie_in_transaction,
         progress=True,
         broker=args.broker,
     )
