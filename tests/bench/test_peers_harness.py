@@ -164,6 +164,9 @@ def test_goals_check_against_the_issue_thresholds() -> None:
     assert missed["kk_duplicates_met"] is False
     text = runner.goals_text(missed)
     assert "1.99x" in text and "85%" in text and "MISSED" in text
+    on_kafka = runner.goals(_goal_doc(alo=899.0, kk=200.0, kk_dups=0), "kafka")
+    assert on_kafka["issue"] == "issue 17" and on_kafka["100"]["alo_vs_raw_met"] is False
+    assert "90%" in runner.goals_text(on_kafka)
     unmeasured = runner.goals({"throughput": {"100": {"raw": {"rate": 1.0}}}})
     assert unmeasured["100"]["kk_vs_quix"] is None and "kk_duplicates" not in unmeasured
     assert "not measured" in runner.goals_text(unmeasured)
