@@ -41,6 +41,7 @@ from htmqc.kafka_defaults import consumer_config
 from htmqc.produce import produce
 from htmqc.progress import progress
 from htmqc.runtime import RunOptions, build_engine
+from htmqc.runtime.options import SINK_DEFAULTS
 
 RESULTS = Path(__file__).resolve().parent / "results" / "runtime.json"
 PARTITIONS = 8
@@ -238,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
                 group=f"bench-k2k-{r}",
                 mode="exactly-once",
                 sink="kafka:bench-out",
+                # What `htmqc run` gives a kafka: sink (RunOptions alone has the schema's).
+                **SINK_DEFAULTS["kafka"],
             ),
         }
         with progress(args.rounds * len(variants), "benchmark runs") as advance:
