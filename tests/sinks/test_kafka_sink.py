@@ -176,20 +176,36 @@ def test_aborted_transaction_and_failed_message_leave_nothing(setup: Setup) -> N
     assert setup.committed()[0] == 2
 
 
-def _empty_commit(setup: Setup, *, flush: bool) -> None:
-    """Send a record, then commit no offsets (the transaction is aborted)."""
+class _Ends:
+    """The producer of a transaction, recording which transactional end it was given."""
+
+    def __init__(self, producer: Any) -> None:
+        self._producer = producer
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("abort_transaction", "commit_transaction", "send_offsets_to_transaction"):
+            self.calls.append(name)
+        return getattr(self._producer, name)
+
+
+def _empty_commit(setup: Setup, *, flush: bool) -> list[str]:
+    """Send a record, then commit no offsets (the transaction is aborted); the
+    transactional calls the producer got."""
     sink = setup.sink()
     sink.claim([setup.tp], default_start=lambda tp: 0)
     txn = sink.begin()
+    ends = txn._producer = _Ends(txn._producer)
     with txn.message():
         txn.handle.send(None, b"x")
     if flush:  # the record reaches the broker inside the open transaction
         assert txn._producer.flush(10) == 0
     txn.commit([])
+    return ends.calls
 
 
 def test_empty_commit_aborts(setup: Setup) -> None:
-    _empty_commit(setup, flush=False)
+    assert _empty_commit(setup, flush=False) == ["abort_transaction"]
     assert setup.committed()[0] < 0
 
 

@@ -44,7 +44,9 @@ Switches (the control file; missing keys are off; re-read at most every
 ``stop_in_txn``
     ``CLIENT#N``: the consumer whose ``HTMQC_CHAOS_CLIENT`` is ``CLIENT`` stops
     itself (SIGSTOP) once, right after the effect of its next message went into
-    the open transaction: a zombie whose late transaction surely holds effects
+    the open transaction (Kafka sink: into the message's scope, produced into the
+    transaction once the handler returns, after SIGCONT): a zombie whose late
+    transaction surely holds effects
     (:class:`~htmqc.chaos.harness.ChaosConfig`'s ``zombie_in_transaction``).
 
 Which messages are in a "share" is a hash of ``(salt, kind, id)``: the same

@@ -397,12 +397,13 @@ def _consumer_starter(
         env.pop(UNSAFE_DISABLE_FENCE_ENV, None)
 
     def start(index: int, incarnation: int) -> subprocess.Popen[bytes]:
+        client = f"chaos-c{index}"
         cmd = [
             sys.executable, "-m", "htmqc", "run", "htmqc.chaos.handler:record",
             "--bootstrap", bootstrap, "--topic", topic, "--group", pipeline.group,
             "--mode", "exactly-once", "--sink", pipeline.sink_url,
             "--txn-messages", str(config.txn_messages), "--txn-ms", str(config.txn_ms),
-            "--kafka-config", f"client.id=chaos-c{index}",
+            "--kafka-config", f"client.id={client}",
         ]  # fmt: skip
         if isinstance(store, KafkaRunStore):
             cmd += ["--member-id", f"m{index}"]
@@ -412,7 +413,7 @@ def _consumer_starter(
             out.write(f"--- incarnation {incarnation}\n".encode())
             out.flush()
             return subprocess.Popen(
-                cmd, env={**env, CLIENT_ENV: f"chaos-c{index}"}, stdout=out,
+                cmd, env={**env, CLIENT_ENV: client}, stdout=out,
                 stderr=subprocess.STDOUT,
             )  # fmt: skip
 

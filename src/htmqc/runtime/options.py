@@ -141,7 +141,8 @@ class RunOptions:
         10_000, "unfinished messages before pausing", limits=(1, 10_000_000, True)
     )
     txn_messages: int = opt(
-        1000, "messages per sink transaction (10000 for a kafka: sink)",
+        1000, f"messages per sink transaction ({SINK_DEFAULTS['kafka']['txn_messages']} for a "
+        "kafka: sink)",
         limits=(1, 10_000_000, True),
     )
     txn_ms: float = opt(
