@@ -131,6 +131,17 @@ def _delete_topic(bootstrap: str, topic: str | None) -> None:
         print(f"  (could not delete {topic}: {exc})", flush=True)
 
 
+def settle() -> None:
+    """Write back the page cache's dirty pages before a run (``sync``).
+
+    Contenders that write (Kafka->Kafka output, SQLite, the produced topics) leave
+    gigabytes of dirty pages behind; the kernel writes them back when they expire,
+    often during a later contender's run, whose figures then carry another's
+    cost. Outside the measured time.
+    """
+    os.sync()
+
+
 def run_worker(slot: Slot, bootstrap: str, topic: str, count: int, *,
                timeout: float = 300.0) -> dict[str, Any]:
     """Run one contender to completion; its figures, or ``{"error": ...}``.
@@ -139,6 +150,7 @@ def run_worker(slot: Slot, bootstrap: str, topic: str, count: int, *,
     group join and shutdown included), from ``RUSAGE_CHILDREN``.
     """
     out_topic = _output_topic(bootstrap, slot, topic)
+    settle()
     try:
         with tempfile.TemporaryDirectory(prefix="peers-") as work:
             out = Path(work) / "result.json"
