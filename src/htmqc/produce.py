@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +47,7 @@ from htmqc.broker import create_topic, wait_reachable
 from htmqc.errors import RuntimeFailure, UsageError
 from htmqc.kafka_defaults import producer_config
 from htmqc.progress import progress as show_progress
+from htmqc.records_file import Record
 
 ID_WIDTH = 12
 ID_HEADER = "htmqc-id"
@@ -130,23 +131,44 @@ def _aborted_delivery_counter() -> tuple[DeliveryCallback, list[int]]:
     return on_delivery, written
 
 
+Headers = list[tuple[str, str | bytes | None]]
+#: ``make(i)``: the value, key and headers of message ``i``.
+Make = Callable[[int], tuple[bytes, bytes | None, Headers | None]]
+
+
+def _numbered(keys: int, size: int) -> Make:
+    """Messages in the module's numbered format."""
+    pad = PAD * (size - ID_WIDTH)
+
+    def make(i: int) -> tuple[bytes, bytes | None, Headers | None]:
+        key = f"k{i % keys}".encode() if keys else None
+        return f"{i:0{ID_WIDTH}d}".encode() + pad, key, [(ID_HEADER, str(i))]
+
+    return make
+
+
+def _given(records: Sequence[Record], start_id: int) -> Make:
+    """The caller's ``(key, value)`` records, message ``i`` being ``records[i - start_id]``."""
+
+    def make(i: int) -> tuple[bytes, bytes | None, Headers | None]:
+        key, value = records[i - start_id]
+        return value, key, None
+
+    return make
+
+
 def _send(
     producer: Producer,
     topic: str,
     ids: range,
-    keys: int,
-    size: int,
+    make: Make,
     on_delivery: DeliveryCallback,
 ) -> None:
-    pad = PAD * (size - ID_WIDTH)
     for i in ids:
-        value = f"{i:0{ID_WIDTH}d}".encode() + pad
-        key = f"k{i % keys}".encode() if keys else None
+        value, key, headers = make(i)
         while True:
             try:
-                producer.produce(
-                    topic, value, key, on_delivery=on_delivery, headers=[(ID_HEADER, str(i))]
-                )
+                producer.produce(topic, value, key, on_delivery=on_delivery, headers=headers)
                 break
             except BufferError:
                 producer.poll(0.05)  # local queue full: let deliveries drain it
@@ -183,8 +205,13 @@ def produce(
     flush_timeout: float = 60.0,
     reach_timeout: float = 5.0,
     kafka_config: dict[str, Any] | None = None,
+    records: Sequence[Record] | None = None,
 ) -> ProduceReport:
     """Write ``count`` messages numbered ``start_id..start_id+count-1`` to ``topic``.
+
+    ``records``: send the first ``count`` of these ``(key, value)`` pairs instead
+    of numbered messages (no ``htmqc-id`` header; ``keys`` and ``size`` unused),
+    e.g. from :func:`htmqc.records_file.read_records`.
 
     Waits up to ``reach_timeout`` seconds for the broker, then creates the
     topic when ``partitions`` is given. Returns after every
@@ -195,6 +222,15 @@ def produce(
     validate(count, keys, size, start_id, abort_every)
     if abort_every and not transactional:
         raise UsageError("--abort-every needs --transactional", "add --transactional")
+    if records is not None:
+        if abort_every:
+            raise UsageError("--abort-every writes test messages only", "leave it out with --from")
+        if count > len(records):
+            raise UsageError(
+                f"--count {count} is more than the {len(records)} records given",
+                f"pass --count {len(records)} or less, or leave it out",
+            )
+    make = _numbered(keys, size) if records is None else _given(records, start_id)
     wait_reachable(bootstrap, timeout=reach_timeout, config=kafka_config)
     if partitions is not None:
         create_topic(bootstrap, topic, partitions, config=kafka_config)
@@ -222,7 +258,7 @@ def produce(
                 step = 10_000
                 for low in range(start_id, start_id + count, step):
                     ids = range(low, min(low + step, start_id + count))
-                    _send(producer, topic, ids, keys, size, on_delivery)
+                    _send(producer, topic, ids, make, on_delivery)
                     advance(len(ids))
                 _flush(producer, flush_timeout)
             else:
@@ -231,7 +267,7 @@ def produce(
                     ids = range(low, min(low + TRANSACTION_SIZE, start_id + count))
                     producer.begin_transaction()
                     if abort_every and n % abort_every == 0:
-                        _send(producer, topic, ids, keys, size, on_aborted_delivery)
+                        _send(producer, topic, ids, make, on_aborted_delivery)
                         try:
                             producer.abort_transaction(flush_timeout)
                         except KafkaException as exc:
@@ -242,7 +278,7 @@ def produce(
                         producer.poll(0)  # run the purged records' callbacks
                         aborted.extend(ids)
                     else:
-                        _send(producer, topic, ids, keys, size, on_delivery)
+                        _send(producer, topic, ids, make, on_delivery)
                         producer.commit_transaction(flush_timeout)
                     advance(len(ids))
     except KafkaException as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,22 @@ def test_bad_handler(capsys: pytest.CaptureFixture[str], handler: str, needle: s
     code, err = run(capsys, handler, *BASE)
     assert code == 2
     assert needle in error_line(err)
+
+
+def test_a_handler_module_in_the_working_directory_is_found(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As ``python -m`` does: ``./cwd_handler_mod.py`` loads without PYTHONPATH (the
+    run then stops at the unreachable broker, after the handler was found)."""
+    (tmp_path / "cwd_handler_mod.py").write_text("def handle(msg):\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "cwd_handler_mod", raising=False)
+    code, err = run(capsys, "cwd_handler_mod:handle", *BASE)
+    assert "cannot reach broker" in error_line(err)
+    assert code == 1
+    assert sys.path[0] == str(tmp_path)
+    sys.modules.pop("cwd_handler_mod", None)
 
 
 def test_unreachable_broker_and_no_secret_in_output(capsys: pytest.CaptureFixture[str]) -> None:

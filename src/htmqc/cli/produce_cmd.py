@@ -1,7 +1,8 @@
-"""``htmqc produce``: write numbered test messages to a topic.
+"""``htmqc produce``: write numbered test messages, or a file's records, to a topic.
 
-The message format is documented in :mod:`htmqc.produce`. Prints one summary
-line: how many messages were written, how long it took, and the rate.
+The message format is documented in :mod:`htmqc.produce`, the file formats of
+``--from`` in :mod:`htmqc.records_file`. Prints one summary line: how many
+messages were written, how long it took, and the rate.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import sys
 from typing import Any
 
 from htmqc.config import parse_pairs, remember_secrets
+from htmqc.errors import UsageError
 from htmqc.produce import produce, validate
+from htmqc.records_file import FORMATS, read_records
 
 _DESCRIPTION = """\
 Write numbered test messages to a topic and print one summary line.
@@ -19,7 +22,11 @@ Write numbered test messages to a topic and print one summary line.
 Message i (from --start-id): key "k{i % KEYS}" (none with --keys 0), value the
 12-digit id padded with "." to --size bytes, header htmqc-id=i. With
 --transactional, transactions of 1000 messages; --abort-every N aborts every
-N-th one (its messages never reach readers)."""
+N-th one (its messages never reach readers).
+
+--from FILE sends your own records instead: JSON lines (each line's text is a
+value; --key-field NAME keys it by that field) or plain lines (each line is a
+value), the whole file checked before anything is sent."""
 
 
 def register(subparsers: Any) -> None:
@@ -32,7 +39,22 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--bootstrap", required=True, help="bootstrap servers, HOST:PORT[,...]")
     parser.add_argument("--topic", required=True, help="topic to write to")
-    parser.add_argument("--count", type=int, required=True, help="number of messages")
+    parser.add_argument(
+        "--count", type=int, default=None,
+        help="number of messages (with --from: the first N records; default all)",
+    )
+    parser.add_argument(
+        "--from", dest="source", metavar="FILE", default=None,
+        help="send this file's records (- for standard input) instead of test messages",
+    )
+    parser.add_argument(
+        "--format", choices=FORMATS, default="auto",
+        help="--from's format: jsonl, lines, or auto (jsonl for .jsonl/.ndjson/.json)",
+    )
+    parser.add_argument(
+        "--key-field", metavar="NAME", default=None,
+        help="with JSON lines: key each record by this top-level field",
+    )
     parser.add_argument(
         "--partitions", type=int, default=None, help="create the topic with this many partitions"
     )
@@ -63,6 +85,17 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Validate the options, produce, print one summary line."""
+    records = None
+    if args.source is not None:
+        records = read_records(args.source, args.format, args.key_field)
+        if not records:
+            raise UsageError(f"{args.source} holds no records", "pass a file with records")
+        if args.count is None:
+            args.count = len(records)
+    elif args.key_field is not None or args.format != "auto":
+        raise UsageError("--format and --key-field need --from", "add --from FILE")
+    elif args.count is None:
+        raise UsageError("--count is required", "pass --count N, or --from FILE")
     validate(args.count, args.keys, args.size, args.start_id, args.abort_every)
     kafka_config = parse_pairs(args.kafka_config, "--kafka-config")
     remember_secrets(kafka_config)
@@ -78,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
         abort_every=args.abort_every,
         progress=sys.stderr.isatty(),
         kafka_config=kafka_config,
+        records=records,
     )
     aborted = f", {len(report.aborted_ids)} aborted" if report.aborted_ids else ""
     print(

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import sys
 from typing import Any
 
 from htmqc.config import parse_pairs, redacted, resolve
@@ -54,9 +56,19 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=main)
 
 
+def current_directory_on_path() -> None:
+    """Put the working directory first on ``sys.path`` (if it is not there), as
+    ``python -m`` does, so ``htmqc run mymodule:handle`` finds ``./mymodule.py``."""
+    cwd = os.getcwd()
+    if cwd not in {os.path.abspath(p) for p in sys.path}:
+        sys.path.insert(0, cwd)
+
+
 def main(args: argparse.Namespace) -> int:
     """Resolve the options and run."""
     from htmqc.runtime import run
+
+    current_directory_on_path()
     from htmqc.sinks import redact_url
 
     cli = {
