@@ -296,7 +296,7 @@ class BreakerVersusReference(RuleBasedStateMachine):
         assert b.state.value == r.state
         assert b.allowance() == r.allowance()
         assert b.held_for(self.now) == r.held_for(self.now)
-        assert b.snapshot(self.now)["backoff"] == r.backoff
+        assert b.snapshot(self.now) == r.snapshot(self.now)
 
     @invariant()
     def NoWorkWhileOpen(self) -> None:
