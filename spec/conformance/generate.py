@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from model_checks.reference import ReferenceConsumer, RefError
+from spec.conformance import breaker as breaker_vectors
 from spec.conformance import failures as failures_vectors
 from spec.conformance import gate as gate_vectors
 from spec.conformance.replay import BATCH, FORMAT, SINGLE, VECTORS
@@ -945,6 +946,7 @@ def vectors() -> dict[str, dict[str, Any]]:
         out[f"random_{seed}"] = _vector(f"random_{seed}", description, r)
     out.update(gate_vectors.vectors(FORMAT))
     out.update(failures_vectors.vectors(FORMAT))
+    out.update(breaker_vectors.vectors(FORMAT))
     return out
 
 

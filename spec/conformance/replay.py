@@ -110,9 +110,9 @@ def mismatches(vector: dict[str, Any]) -> Iterator[str]:
         return
     if vector.get("kind") is not None:
         # they import this module's vocabulary
-        from spec.conformance import failures, gate
+        from spec.conformance import breaker, failures, gate
 
-        kinds = {m.KIND: m.mismatches for m in (gate, failures)}
+        kinds = {m.KIND: m.mismatches for m in (gate, failures, breaker)}
         if vector["kind"] not in kinds:
             yield (f"{vector.get('name')}: kind {vector['kind']!r}; this replay reads core, "
                    f"{', '.join(kinds)}")

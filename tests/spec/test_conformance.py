@@ -1,5 +1,5 @@
 """The conformance vectors: the core passes every one, they are up to date, they
-exercise the whole API (core, gate, failure decision), and the replay
+exercise the whole API (core, gate, failure decision, breaker), and the replay
 compares everything a step says."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from htmqc.core import ConsumerCore, DeadLetterKind
+from htmqc.core.breaker import Breaker, BreakerEvent, BreakerState
 from htmqc.core.gate import Gate
-from spec.conformance import failures, gate, generate, replay
+from spec.conformance import breaker, failures, gate, generate, replay
 
 FILES = replay.vector_files()
 
@@ -24,7 +25,7 @@ def test_there_are_vectors_for_every_scenario() -> None:
     stems = {p.stem for p in FILES}
     assert set(generate.SCENARIOS) <= stems
     assert {f"random_{s}" for s in generate.RANDOM_SEEDS} <= stems
-    for kind in (gate, failures):
+    for kind in (gate, failures, breaker):
         assert set(kind.SCENARIOS) <= stems
         assert {f"{kind.KIND}_random_{s}" for s in kind.RANDOM_SEEDS} <= stems
 
@@ -80,6 +81,11 @@ def test_the_vectors_exercise_every_event_of_the_api() -> None:
     gate_api = {name for name in dir(Gate) if not name.startswith("_")} - gate_views
     gate_ops = {step["op"] for v in vectors if v.get("kind") == "gate" for step in v["steps"]}
     assert gate_ops == gate_api
+    breaker_views = {"state", "closed", "fetch_paused", "allowance", "held_for",
+                     "window_counts", "snapshot", "policy", "reason", "error_class", "trips"}
+    breaker_api = {name for name in dir(Breaker) if not name.startswith("_")} - breaker_views
+    breaker_ops = {s["op"] for v in vectors if v.get("kind") == "breaker" for s in v["steps"]}
+    assert breaker_ops == breaker_api
     assert {s["op"] for v in _of_kind("failures") for s in v["steps"]} == {"decide"}
 
 
@@ -90,6 +96,14 @@ def test_the_failure_vectors_meet_every_row_of_the_rule_table() -> None:
     }
     assert rows == set(failures.ROWS) == {k.value for k in DeadLetterKind} | {
         "hold", "hand_off", "retry"}
+
+
+def test_the_breaker_vectors_meet_every_event_state_and_refusal() -> None:
+    steps = [s for v in _of_kind("breaker") for s in v["steps"]]
+    assert {s.get("result") for s in steps} >= {e.value for e in BreakerEvent}
+    assert {s["state"]["state"] for s in steps} == {b.value for b in BreakerState}
+    assert {s["state"]["reason"] for s in steps} == {"", "consecutive", "failure_rate"}
+    assert "IllegalTransition" in {s.get("error") for s in steps}
 
 
 def test_a_failures_step_has_no_state_and_a_state_is_a_mismatch() -> None:
@@ -104,7 +118,7 @@ def test_replay_refuses_an_unknown_kind() -> None:
     vector = copy.deepcopy(replay.load(replay.VECTORS / "failures_budget.json"))
     vector["kind"] = "flow"
     assert list(replay.mismatches(vector)) == [
-        "failures_budget: kind 'flow'; this replay reads core, gate, failures"]
+        "failures_budget: kind 'flow'; this replay reads core, gate, failures, breaker"]
 
 
 @pytest.mark.parametrize(
@@ -120,9 +134,16 @@ def test_replay_refuses_an_unknown_kind() -> None:
         ("failures_breaker_hold", 1, lambda s: s["result"].update(at=1000.05)),
         ("failures_too_large_first", 1, lambda s: s["result"].update(kind="poison")),
         ("failures_echo", 0, lambda s: s["result"].update(offset=2**63 - 2)),
+        ("breaker_streak_trip", 11, lambda s: s.update(result=None)),
+        ("breaker_streak_trip", 3, lambda s: s["state"].update(streak=1)),
+        ("breaker_window_buckets", 7, lambda s: s["state"].update(window_calls=2)),
+        ("breaker_open_time_bits", 2, lambda s: s["state"].update(held_for=0.6)),
+        ("breaker_probe_backoff", 13, lambda s: s["state"].update(backoff=8.0)),
+        ("breaker_refused_and_ignored", 0, lambda s: s.update(result=s.pop("error") and None)),
+        ("breaker_probe_backoff", 9, lambda s: s["state"].update(error_class="db.Down")),
     ],
 )
-def test_a_changed_gate_or_failures_step_is_a_mismatch(
+def test_a_changed_gate_failures_or_breaker_step_is_a_mismatch(
     name: str, index: int, change: Callable[[dict[str, Any]], None]
 ) -> None:
     vector = copy.deepcopy(replay.load(replay.VECTORS / f"{name}.json"))
