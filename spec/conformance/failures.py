@@ -8,9 +8,9 @@ The format is in ``spec/conformance/README.md``: each step is one call with all
 its inputs and the decision the reference gives; the decision is a pure
 function, so steps have no ``state`` and do not depend on each other.
 
-The reference tells a retry-topic record apart by its prior attempts, so every
-vector's ``from_retry_topic`` is ``prior_attempts > 0``, and a record only comes
-from the retry topic when one is configured (the core refuses anything else).
+A record only comes from the retry topic when one is configured (the core
+refuses anything else), and only such a record has prior attempts; it may have
+none (its attempt header was missing).
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ class FailuresRecorder:
         fatal: bool = False,
         too_large: bool = False,
         prior: int = 0,
+        from_topic: bool | None = None,
         count: int = 1,
         policy: tuple[int, float, float] = POLICY,
         min_delay: float | None = None,
@@ -68,11 +69,15 @@ class FailuresRecorder:
         offset: int = 7,
     ) -> dict[str, Any]:
         """One call: ``count`` is this assignment's failure count (this one included),
-        ``prior`` the attempts on a retry-topic record, ``min_delay`` ``None`` for no
+        ``prior`` the attempts on a retry-topic record, ``from_topic`` whether it was read
+        from the retry topic (default: ``prior > 0``), ``min_delay`` ``None`` for no
         retry topic."""
         max_retries, base, cap = policy
-        if prior and min_delay is None:
+        from_topic = prior > 0 if from_topic is None else from_topic
+        if from_topic and min_delay is None:
             raise AssertionError("a retry-topic record needs the retry topic configured")
+        if prior and not from_topic:
+            raise AssertionError("only a retry-topic record has prior attempts")
         for value in (base, cap, now, jitter, *(() if held_for is None else (held_for,))):
             assert isinstance(value, float), f"{value!r} must be written as a double"
         args = {
@@ -84,7 +89,7 @@ class FailuresRecorder:
                 "poison": poison,
                 "fatal": fatal,
                 "too_large": too_large,
-                "from_retry_topic": prior > 0,
+                "from_retry_topic": from_topic,
                 "prior_attempts": prior,
             },
             "failure_count": count,
@@ -99,6 +104,7 @@ class FailuresRecorder:
             poison=poison,
             fatal=fatal,
             too_large=too_large,
+            from_retry_topic=from_topic,
             prior=prior,
             failures_here=count,
             max_retries=max_retries,
@@ -210,7 +216,9 @@ def failures_retry_topic(r: FailuresRecorder) -> None:
     """With a retry topic a failure is handed off when it came from that topic (whatever its
     backoff) or when its backoff is >= min_delay (equal included; the backoff as a double:
     0.1 x 0.1 is 0.010000000000000002 >= 0.01, 0.7 x 0.1 is 0.06999999999999999 < 0.07),
-    due at now + backoff; a shorter backoff, or no retry topic at all, retries in memory."""
+    due at now + backoff; a shorter backoff, or no retry topic at all, retries in memory. A
+    record read from the retry topic is known by where it was read, not by its attempt header:
+    without one (prior_attempts 0) it is still handed off, never retried in memory."""
     r.decide(policy=(3, 1.0, 30.0), jitter=0.5, count=2)
     r.decide(policy=(3, 1.0, 30.0), jitter=0.5, count=2, min_delay=5.0)
     r.decide(policy=(3, 1.0, 30.0), jitter=1.0, count=3, min_delay=5.0)
@@ -226,6 +234,10 @@ def failures_retry_topic(r: FailuresRecorder) -> None:
     r.decide(prior=2, count=1, policy=(5, 1.0, 30.0), jitter=0.75, min_delay=1e9)
     r.decide(prior=1, count=2, policy=(5, 1.0, 30.0), jitter=0.75, min_delay=1e9)
     r.decide(prior=3, count=1, policy=(5, 1.0, 30.0), jitter=1.0, min_delay=0.5, now=0.1)
+    # a retry-topic record without its attempt header: still never retried in memory
+    r.decide(from_topic=True, jitter=0.0, min_delay=1e9)
+    r.decide(from_topic=True, count=2, policy=(3, 1.0, 30.0), jitter=0.5, min_delay=1e9)
+    r.decide(from_topic=True, count=4, jitter=0.5, min_delay=1e9)
 
 
 def failures_backoff_bits(r: FailuresRecorder) -> None:
@@ -274,13 +286,15 @@ def random_sweep(r: FailuresRecorder, seed: int, steps: int = 120) -> None:
     for _ in range(steps):
         policy = rng.choice(policies)
         min_delay = rng.choice([None, None, 0.0, 0.05, 0.4, 2.0, 100.0])
-        prior = rng.randint(1, 5) if min_delay is not None and rng.random() < 0.35 else 0
+        from_topic = min_delay is not None and rng.random() < 0.35
+        prior = rng.randint(0, 5) if from_topic else 0
         r.decide(
             kind=rng.choice(["retryable", "unknown", "permanent", "retryable"]),
             poison=rng.random() < 0.12,
             fatal=rng.random() < 0.08,
             too_large=rng.random() < 0.1,
             prior=prior,
+            from_topic=from_topic,
             count=rng.randint(1, policy[0] + 2),
             policy=policy,
             min_delay=min_delay,
