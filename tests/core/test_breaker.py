@@ -11,6 +11,7 @@ breaker that never half-opens is kept as a mutant the machine must catch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import pytest
@@ -189,6 +190,16 @@ def test_bad_policies_are_refused() -> None:
         BreakerPolicy(first_backoff=5.0, max_backoff=1.0)
     with pytest.raises(ValueError, match="failure_rate"):
         BreakerPolicy(failure_rate=0.0)
+
+
+@pytest.mark.parametrize(
+    "name", ["failure_rate", "window", "first_backoff", "max_backoff", "backoff_factor",
+             "probe_timeout"],
+)
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_non_finite_policy_doubles_are_refused(name: str, bad: float) -> None:
+    with pytest.raises(ValueError, match=f"{name} must be finite"):
+        BreakerPolicy(**{name: bad})
 
 
 # -- the breaker against the naive model -------------------------------------------------------

@@ -46,9 +46,11 @@ export class BreakerPolicy {
     this.maxBackoff = p.maxBackoff ?? 60.0;
     this.backoffFactor = p.backoffFactor ?? 2.0;
     this.probeTimeout = p.probeTimeout ?? 60.0;
-    // Each comparison is false for NaN, so NaN is refused everywhere. §4c does
-    // not say "finite" (unlike §4's retry policy); infinities pass these rules.
+    // §4c: every double of the policy is finite (neither NaN nor infinite).
+    const doubles = [this.failureRate, this.window, this.firstBackoff, this.maxBackoff,
+                     this.backoffFactor, this.probeTimeout];
     const rules: [boolean, string][] = [
+      [doubles.every(Number.isFinite), "finite doubles"],
       [this.consecutive >= 1n, "consecutive >= 1"],
       [this.failureRate > 0 && this.failureRate <= 1, "0 < failure_rate <= 1"],
       [this.minCalls >= 1n, "min_calls >= 1"],
