@@ -4,6 +4,9 @@ Deliberately naive: every handler outcome since the breaker last tripped is
 kept in a list, and the streak and the failure-rate window are recounted from
 that list on every failure (the breaker keeps a set and ten rolling buckets).
 States are plain names; answers are the event names the breaker returns.
+The reports (why it last tripped, on what error class, how often) are kept as
+plain fields, and :meth:`RefBreaker.snapshot` writes what
+``Breaker.snapshot(now)`` must show.
 """
 
 from __future__ import annotations
@@ -48,6 +51,11 @@ class RefBreaker:
         self.probe_since = 0.0
         # (time, calls, failures, message or None, error class or None)
         self.outcomes: list[tuple[float, int, int, object, str | None]] = []
+        # reports: why it last tripped, the error class of the last trip or failed
+        # probe, and how many times it tripped
+        self.reason = ""
+        self.error_class = ""
+        self.trips = 0
 
     def allowance(self) -> int | None:
         return {"Closed": None, "Open": 0, "HalfOpen": 1, "Probing": 0}[self.state]
@@ -59,6 +67,21 @@ class RefBreaker:
             assert self.until is not None
             return max(0.0, self.until - now)
         return 0.0
+
+    def snapshot(self, now: float) -> dict[str, object]:
+        """What ``Breaker.snapshot(now)`` shows (the conformance vectors' state)."""
+        calls, failures = self._window(now)
+        return {
+            "state": self.state,
+            "reason": self.reason,
+            "error_class": self.error_class,
+            "trips": self.trips,
+            "backoff": self.backoff,
+            "held_for": self.held_for(now),
+            "streak": self._streak(),
+            "window_calls": calls,
+            "window_failures": failures,
+        }
 
     def _streak(self) -> int:
         messages: set[object] = set()
@@ -100,9 +123,11 @@ class RefBreaker:
         if self.state == "Closed":
             self.outcomes.append((now, 1, 1, (tp, offset), error_class))
             calls, failures = self._window(now)
-            if self._streak() >= self.consecutive or (
-                calls >= self.min_calls and failures >= self.failure_rate * calls
-            ):
+            streak = self._streak() >= self.consecutive
+            if streak or (calls >= self.min_calls and failures >= self.failure_rate * calls):
+                self.reason = "consecutive" if streak else "failure_rate"
+                self.error_class = error_class
+                self.trips += 1
                 self.state = "Open"
                 self.until = now + self.backoff
                 self.outcomes = []
@@ -110,6 +135,7 @@ class RefBreaker:
             return None
         if self.state == "Probing" and self.probe == (tp, offset):
             self.backoff = min(self.max_backoff, self.backoff * self.factor)
+            self.error_class = error_class
             self.state = "Open"
             self.until = now + self.backoff
             self.probe = None

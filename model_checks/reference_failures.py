@@ -4,15 +4,17 @@ Deliberately not the rule table: this is the decision as ``Engine.failed`` made
 it before issue 16 moved it into the core (poison, size and classification
 folded into one "permanent" kind; the retry topic decided before the core;
 the core's own retry budget counting this assignment's failures only),
-restated with plain values, plus the one rule that is new: while the circuit
-breaker holds, a failure that is not ``too_large`` is retried after the hold.
-Agreement with the core therefore shows that moving the decision changed
-nothing else.
+restated with plain values, plus the two rules that are new: while the circuit
+breaker holds, a failure that is not ``too_large`` is retried after the hold;
+and a record read from the retry topic is told apart by where it was read
+(``from_retry_topic``), not by its attempt header: the engine took a record
+without the header (``prior == 0``) for a fresh one and could retry it in
+memory, which a record of the retry topic must never do. Agreement with the
+core therefore shows that moving the decision changed nothing else.
 
 Inputs are plain values; the answer is a tuple:
 ``("retry", at, attempts)``, ``("hand_off", topic, due, attempts)`` or
-``("dead_letter", kind, attempts)``. A record from the retry topic is told
-apart as the engine did, by its prior attempts (``prior > 0``).
+``("dead_letter", kind, attempts)``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def decide(
     poison: bool,
     fatal: bool,
     too_large: bool,
+    from_retry_topic: bool,
     prior: int,
     failures_here: int,
     max_retries: int,
@@ -42,7 +45,8 @@ def decide(
 ) -> tuple[object, ...]:
     """The answer for a message that has now failed ``failures_here`` times in this
     assignment (this failure included) after ``prior`` failures recorded on its
-    retry-topic record. ``classified``: ``"retryable"``, ``"permanent"`` or
+    retry-topic record (``from_retry_topic``: it was read from the retry topic;
+    its header may be missing, ``prior == 0``). ``classified``: ``"retryable"``, ``"permanent"`` or
     ``"unknown"``."""
     attempts = failures_here + prior
     if held_for is not None and not too_large:
@@ -52,10 +56,10 @@ def decide(
     over_budget = False
     if retry_topic is not None and not permanent:
         if attempts > max_retries:
-            over_budget = prior > 0
+            over_budget = from_retry_topic
         else:
             delay = backoff(attempts, jitter, base, cap)
-            if prior or delay >= min_delay:
+            if from_retry_topic or delay >= min_delay:
                 hand_off_due = now + delay
     core_permanent = permanent or hand_off_due is not None or over_budget
     if not core_permanent and failures_here <= max_retries:

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from model_checks.reference import ReferenceConsumer, RefError
+from spec.conformance import breaker as breaker_vectors
+from spec.conformance import failures as failures_vectors
 from spec.conformance import gate as gate_vectors
 from spec.conformance.replay import BATCH, FORMAT, SINGLE, VECTORS
 from spec.conformance.replay import parse_tp as _tp
@@ -943,6 +945,8 @@ def vectors() -> dict[str, dict[str, Any]]:
         description = f"Seeded random walk, seed {seed}: legal, illegal, stale and empty events."
         out[f"random_{seed}"] = _vector(f"random_{seed}", description, r)
     out.update(gate_vectors.vectors(FORMAT))
+    out.update(failures_vectors.vectors(FORMAT))
+    out.update(breaker_vectors.vectors(FORMAT))
     return out
 
 

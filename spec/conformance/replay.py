@@ -109,12 +109,15 @@ def mismatches(vector: dict[str, Any]) -> Iterator[str]:
         yield f"{vector.get('name')}: format {vector.get('format')!r}; this replay reads {FORMAT}"
         return
     if vector.get("kind") is not None:
-        from spec.conformance import gate  # it imports this module's vocabulary
+        # they import this module's vocabulary
+        from spec.conformance import breaker, failures, gate
 
-        if vector["kind"] != gate.KIND:
-            yield f"{vector.get('name')}: kind {vector['kind']!r}; this replay reads core, gate"
+        kinds = {m.KIND: m.mismatches for m in (gate, failures, breaker)}
+        if vector["kind"] not in kinds:
+            yield (f"{vector.get('name')}: kind {vector['kind']!r}; this replay reads core, "
+                   f"{', '.join(kinds)}")
             return
-        yield from gate.mismatches(vector)
+        yield from kinds[vector["kind"]](vector)
         return
     core = ConsumerCore(RetryPolicy(**vector["retry"]))
     yield from step_mismatches(
@@ -125,12 +128,13 @@ def mismatches(vector: dict[str, Any]) -> Iterator[str]:
 def step_mismatches(
     vector: dict[str, Any],
     perform: Callable[[str, dict[str, Any]], Any],
-    snapshot: Callable[[], Any],
+    snapshot: Callable[[], Any] | None,
     refusals: tuple[type[Exception], ...],
 ) -> Iterator[str]:
     """Every difference between what ``perform`` answers (refusing with one of
     ``refusals``) and ``snapshot`` shows, and the vector's steps; stops after the
-    first step whose state differs: later steps would only echo it."""
+    first step whose state differs: later steps would only echo it. ``snapshot``
+    is ``None`` for a pure function: its steps carry no ``state``."""
     for i, step in enumerate(vector["steps"]):
         where = f"{vector['name']} step {i} ({step['op']} {step['args']})"
         expected = step.get("error", step.get("result"))
@@ -146,6 +150,10 @@ def step_mismatches(
                 yield f"{where}: answered {got!r}; expected {step['error']}"
             elif got != step["result"]:
                 yield f"{where}: answered {got!r}; expected {step['result']!r}"
+        if snapshot is None:
+            if "state" in step:
+                yield f"{where}: carries a state; a {vector.get('kind')} step has none"
+            continue
         state = snapshot()
         if state != step["state"]:
             yield f"{where}: state {state}; expected {step['state']}"

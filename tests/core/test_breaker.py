@@ -11,6 +11,7 @@ breaker that never half-opens is kept as a mutant the machine must catch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import pytest
@@ -191,6 +192,16 @@ def test_bad_policies_are_refused() -> None:
         BreakerPolicy(failure_rate=0.0)
 
 
+@pytest.mark.parametrize(
+    "name", ["failure_rate", "window", "first_backoff", "max_backoff", "backoff_factor",
+             "probe_timeout"],
+)
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_non_finite_policy_doubles_are_refused(name: str, bad: float) -> None:
+    with pytest.raises(ValueError, match=f"{name} must be finite"):
+        BreakerPolicy(**{name: bad})
+
+
 # -- the breaker against the naive model -------------------------------------------------------
 
 TPS = [("t", 0), ("t", 1)]
@@ -296,7 +307,7 @@ class BreakerVersusReference(RuleBasedStateMachine):
         assert b.state.value == r.state
         assert b.allowance() == r.allowance()
         assert b.held_for(self.now) == r.held_for(self.now)
-        assert b.snapshot(self.now)["backoff"] == r.backoff
+        assert b.snapshot(self.now) == r.snapshot(self.now)
 
     @invariant()
     def NoWorkWhileOpen(self) -> None:

@@ -64,6 +64,7 @@ def reference(
         poison=failure.poison,
         fatal=failure.fatal,
         too_large=failure.too_large,
+        from_retry_topic=failure.from_retry_topic,
         prior=failure.prior_attempts,
         failures_here=attempts - failure.prior_attempts,
         max_retries=retry.max_retries,
@@ -174,8 +175,8 @@ def failures(draw: st.DrawFn, topic: RetryTopic | None) -> Failure:
         fatal=draw(st.integers(0, 5)) == 0,
         too_large=draw(st.integers(0, 5)) == 0,
         from_retry_topic=from_topic,
-        # the engine told retry-topic records apart by their attempt header
-        prior_attempts=draw(st.integers(1, 3)) if from_topic else 0,
+        # a retry-topic record may lack its attempt header (0 prior attempts)
+        prior_attempts=draw(st.integers(0, 3)) if from_topic else 0,
     )
 
 
@@ -205,6 +206,23 @@ def test_the_decision_is_the_engines_old_one_plus_the_breaker_hold(
     )
     kw = {"retry": retry, "retry_topic": topic, "now": now, "jitter": jitter}
     assert answer(got) == reference(failure, attempts=attempts, held_for=held_for, **kw)
+
+
+@pytest.mark.parametrize("prior", [0, 1])
+@pytest.mark.parametrize("here", [1, 2, 5])
+def test_a_retry_topic_record_never_waits_in_memory_even_without_its_header(
+    prior: int, here: int
+) -> None:
+    """Told apart by where it was read, not by its attempt header (prior 0): a backoff far
+    below min_delay still hands it off (or dead-letters it once spent), as the reference says."""
+    failure = Failure(kind=FailureKind.RETRYABLE, from_retry_topic=True, prior_attempts=prior)
+    retry = RetryPolicy(max_retries=3, base_delay=0.1, max_delay=30.0)
+    topic = RetryTopic(name=TOPIC, min_delay=1e9)
+    kw = {"retry": retry, "retry_topic": topic, "now": 5.0, "jitter": 0.5}
+    attempts = here + prior
+    got = decide(failure, tp=TP, epoch=1, offset=0, attempts=attempts, **kw)
+    assert not isinstance(got, RetryAt)
+    assert answer(got) == reference(failure, attempts=attempts, held_for=None, **kw)
 
 
 def test_bad_failure_values_are_refused() -> None:

@@ -1,5 +1,6 @@
 """The conformance vectors: the core passes every one, they are up to date, they
-exercise the whole API, and the replay compares everything a step says."""
+exercise the whole API (core, gate, failure decision, breaker), and the replay
+compares everything a step says."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from htmqc.core import ConsumerCore
+from htmqc.core import ConsumerCore, DeadLetterKind
+from htmqc.core.breaker import Breaker, BreakerEvent, BreakerState
 from htmqc.core.gate import Gate
-from spec.conformance import generate, replay
+from spec.conformance import breaker, failures, gate, generate, replay
 
 FILES = replay.vector_files()
 
@@ -23,6 +25,13 @@ def test_there_are_vectors_for_every_scenario() -> None:
     stems = {p.stem for p in FILES}
     assert set(generate.SCENARIOS) <= stems
     assert {f"random_{s}" for s in generate.RANDOM_SEEDS} <= stems
+    for kind in (gate, failures, breaker):
+        assert set(kind.SCENARIOS) <= stems
+        assert {f"{kind.KIND}_random_{s}" for s in kind.RANDOM_SEEDS} <= stems
+
+
+def _of_kind(kind: str) -> list[dict[str, Any]]:
+    return [v for v in map(replay.load, FILES) if v.get("kind") == kind]
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
@@ -72,6 +81,44 @@ def test_the_vectors_exercise_every_event_of_the_api() -> None:
     gate_api = {name for name in dir(Gate) if not name.startswith("_")} - gate_views
     gate_ops = {step["op"] for v in vectors if v.get("kind") == "gate" for step in v["steps"]}
     assert gate_ops == gate_api
+    breaker_views = {"state", "closed", "fetch_paused", "allowance", "held_for",
+                     "window_counts", "snapshot", "policy", "reason", "error_class", "trips"}
+    breaker_api = {name for name in dir(Breaker) if not name.startswith("_")} - breaker_views
+    breaker_ops = {s["op"] for v in vectors if v.get("kind") == "breaker" for s in v["steps"]}
+    assert breaker_ops == breaker_api
+    assert {s["op"] for v in _of_kind("failures") for s in v["steps"]} == {"decide"}
+
+
+def test_the_failure_vectors_meet_every_row_of_the_rule_table() -> None:
+    rows = {
+        failures._row(s["result"], s["args"]["held_for"] is not None)
+        for v in _of_kind("failures") for s in v["steps"]
+    }
+    assert rows == set(failures.ROWS) == {k.value for k in DeadLetterKind} | {
+        "hold", "hand_off", "retry"}
+
+
+def test_the_breaker_vectors_meet_every_event_state_and_refusal() -> None:
+    steps = [s for v in _of_kind("breaker") for s in v["steps"]]
+    assert {s.get("result") for s in steps} >= {e.value for e in BreakerEvent}
+    assert {s["state"]["state"] for s in steps} == {b.value for b in BreakerState}
+    assert {s["state"]["reason"] for s in steps} == {"", "consecutive", "failure_rate"}
+    assert "IllegalTransition" in {s.get("error") for s in steps}
+
+
+def test_a_failures_step_has_no_state_and_a_state_is_a_mismatch() -> None:
+    vector = copy.deepcopy(replay.load(replay.VECTORS / "failures_budget.json"))
+    assert all(set(s) == {"op", "args", "result"} for s in vector["steps"])
+    vector["steps"][0]["state"] = {}
+    problems = list(replay.mismatches(vector))
+    assert len(problems) == 1 and "carries a state" in problems[0]
+
+
+def test_replay_refuses_an_unknown_kind() -> None:
+    vector = copy.deepcopy(replay.load(replay.VECTORS / "failures_budget.json"))
+    vector["kind"] = "flow"
+    assert list(replay.mismatches(vector)) == [
+        "failures_budget: kind 'flow'; this replay reads core, gate, failures, breaker"]
 
 
 @pytest.mark.parametrize(
@@ -80,9 +127,23 @@ def test_the_vectors_exercise_every_event_of_the_api() -> None:
         ("gate_fence_and_reclaim", 6, lambda s: s.update(result=[])),
         ("gate_assign_and_holds", 1, lambda s: s["result"][0]["tps"].reverse()),
         ("gate_retry_wait", 2, lambda s: s["state"]["partitions"]["t.retry/0"].update(until=51.0)),
+        ("failures_backoff_bits", 0, lambda s: s["result"].update(
+            at=math.nextafter(s["result"]["at"], math.inf))),
+        ("failures_retry_topic", 3, lambda s: s["result"].update(attempt=4)),
+        ("failures_retry_topic", 3, lambda s: s["result"].update(topic="orders")),
+        ("failures_breaker_hold", 1, lambda s: s["result"].update(at=1000.05)),
+        ("failures_too_large_first", 1, lambda s: s["result"].update(kind="poison")),
+        ("failures_echo", 0, lambda s: s["result"].update(offset=2**63 - 2)),
+        ("breaker_streak_trip", 11, lambda s: s.update(result=None)),
+        ("breaker_streak_trip", 3, lambda s: s["state"].update(streak=1)),
+        ("breaker_window_buckets", 7, lambda s: s["state"].update(window_calls=2)),
+        ("breaker_open_time_bits", 2, lambda s: s["state"].update(held_for=0.6)),
+        ("breaker_probe_backoff", 13, lambda s: s["state"].update(backoff=8.0)),
+        ("breaker_refused_and_ignored", 0, lambda s: s.update(result=s.pop("error") and None)),
+        ("breaker_probe_backoff", 9, lambda s: s["state"].update(error_class="db.Down")),
     ],
 )
-def test_a_changed_gate_step_is_a_mismatch(
+def test_a_changed_gate_failures_or_breaker_step_is_a_mismatch(
     name: str, index: int, change: Callable[[dict[str, Any]], None]
 ) -> None:
     vector = copy.deepcopy(replay.load(replay.VECTORS / f"{name}.json"))

@@ -49,7 +49,7 @@ def _r(says: str, vector: str, *changes: tuple[str, str, str]) -> Reading:
     return Reading(says, vector, changes)
 
 
-P, C, R, F = "partition.py", "consumer.py", "retry.py", "failures.py"
+P, C, R, F, K = "partition.py", "consumer.py", "retry.py", "failures.py", "breaker.py"
 
 READINGS: tuple[Reading, ...] = (
     # 1. what finished_above holds
@@ -276,6 +276,120 @@ READINGS: tuple[Reading, ...] = (
         "            self._requested = self._committed\n            self._unsent = True\n")),
     # numbers
     Reading("offsets are JSON numbers read as doubles", "big_offsets", int_as_double=True),
+    # the failure decision (§4b), replayed through decide alone
+    _r("the breaker hold comes before too_large",
+       "failures_too_large_first",
+       (F, '    ("too_large", DeadLetterKind.TOO_LARGE),\n    ("held", Later.HOLD),\n',
+        '    ("held", Later.HOLD),\n    ("too_large", DeadLetterKind.TOO_LARGE),\n')),
+    _r("held_for 0 means the breaker does not hold",
+       "failures_breaker_hold",
+       (F, "held = held_for is not None", "held = bool(held_for)")),
+    _r("a held failure waits its backoff, not the hold",
+       "failures_breaker_hold",
+       (F, "wait = held_for if result is Later.HOLD and held_for is not None else delay",
+        "wait = delay")),
+    _r("permanent comes before poison",
+       "failures_poison_and_fatal",
+       (F, '    ("poison", DeadLetterKind.POISON),\n    ("permanent", DeadLetterKind.PERMANENT),\n',
+        '    ("permanent", DeadLetterKind.PERMANENT),\n    ("poison", DeadLetterKind.POISON),\n')),
+    _r("a failure that killed its worker (fatal) is not poison",
+       "failures_poison_and_fatal",
+       (F, "poison=failure.poison or failure.fatal,", "poison=failure.poison,")),
+    _r("the budget counts this assignment's failures only",
+       "failures_budget",
+       (F, "spent=attempts > retry.max_retries,",
+        "spent=attempts - failure.prior_attempts > retry.max_retries,")),
+    _r("the retry topic comes before the budget (a spent record is handed off again)",
+       "failures_budget",
+       (F, '    ("spent", DeadLetterKind.FAILED),\n    ("to_topic", Later.HAND_OFF),\n',
+        '    ("to_topic", Later.HAND_OFF),\n    ("spent", DeadLetterKind.FAILED),\n')),
+    _r("a backoff equal to min_delay stays in memory (hand off only when longer)",
+       "failures_retry_topic",
+       (F, "delay >= retry_topic.min_delay", "delay > retry_topic.min_delay")),
+    _r("a retry-topic record goes back to the topic only when its backoff is long enough",
+       "failures_retry_topic",
+       (F, "(failure.from_retry_topic or delay >= retry_topic.min_delay)",
+        "(delay >= retry_topic.min_delay)")),
+    _r("a hand-off is due after the backoff of this assignment's failure count",
+       "failures_retry_topic",
+       (F, "due=now + delay,",
+        "due=now + retry.delay(attempts - failure.prior_attempts, jitter),")),
+    _r("HandOff.attempt counts this assignment's failures only",
+       "failures_retry_topic",
+       (F, "attempt=attempts,\n            due=",
+        "attempt=attempts - failure.prior_attempts,\n            due=")),
+    _r("2^(n-1) is not bounded (it overflows to infinity past 2^1023)",
+       "failures_backoff_bits",
+       (R, "exponent = min(attempt - 1, _MAX_EXPONENT)", "exponent = attempt - 1"),
+       (R, "self.base_delay * 2.0**exponent",
+        "self.base_delay * (2.0**exponent if exponent < 1024 else float('inf'))")),
+    # the circuit breaker (§4c)
+    _r("the streak counts offsets, whatever their partition",
+       "breaker_streak_trip",
+       (K, "message = (tp, offset)", "message = offset")),
+    _r("a message failing again counts again in the streak",
+       "breaker_streak_trip",
+       (K, "message = (tp, offset)", "message = (tp, offset, now)")),
+    _r("an empty batch of successes breaks the streak",
+       "breaker_streak_trip",
+       (K, "            if offsets:\n                self._streak.clear()\n",
+        "            self._streak.clear()\n            if offsets:\n")),
+    _r("the rate is failures / calls >= failure_rate",
+       "breaker_rate_exact",
+       (K, "failures >= p.failure_rate * calls", "failures / calls >= p.failure_rate")),
+    _r("min_calls counts failures, not calls",
+       "breaker_rate_exact",
+       (K, "if calls >= p.min_calls and", "if failures >= p.min_calls and")),
+    _r("the bucket is floor(now x 10 / window)",
+       "breaker_window_buckets",
+       (K, "math.floor(now / (self.policy.window / BUCKETS))",
+        "math.floor(now * BUCKETS / self.policy.window)")),
+    _r("the window is the current bucket and the 10 before it",
+       "breaker_window_buckets",
+       (K, "oldest = self._bucket(now) - BUCKETS + 1", "oldest = self._bucket(now) - BUCKETS")),
+    _r("the window keeps its counts across a trip",
+       "breaker_rate_trip",
+       (K, "        self._buckets.clear()\n", "")),
+    _r("a failed probe's backoff is not capped by max_backoff",
+       "breaker_probe_backoff",
+       (K, "min(self.policy.max_backoff, self._backoff * self.policy.backoff_factor)",
+        "self._backoff * self.policy.backoff_factor")),
+    _r("a successful probe keeps the backoff",
+       "breaker_probe_backoff",
+       (K, "            self._backoff = self.policy.first_backoff\n            return self._step(",
+        "            return self._step(")),
+    _r("a failed probe keeps the error class of the trip",
+       "breaker_probe_backoff",
+       (K, "            self.error_class = error_class\n            self._open_until",
+        "            self._open_until")),
+    _r("Open cools down only after open_until (strictly)",
+       "breaker_half_open_probe",
+       (K, "and now >= self._open_until:", "and now > self._open_until:")),
+    _r("any success while Probing closes the breaker",
+       "breaker_half_open_probe",
+       (K, "probe is not None and probe[0] == tp and probe[1] in offsets:",
+        "probe is not None:")),
+    _r("held_for is null once the breaker is HalfOpen",
+       "breaker_half_open_probe",
+       (K, "            return 0.0\n", "            return None\n")),
+    _r("Open ends when now - (the time it opened) >= backoff",
+       "breaker_open_time_bits",
+       (K, "        self._open_until = now + self._backoff\n        return self._step(BE.TRIPPED)",
+        "        self._open_until = now + self._backoff\n        self._since = now\n"
+        "        return self._step(BE.TRIPPED)"),
+       (K, "            self._open_until = now + self._backoff\n            return self._step(",
+        "            self._open_until = now + self._backoff\n            self._since = now\n"
+        "            return self._step("),
+       (K, "self._open_until is not None and now >= self._open_until:",
+        "self._open_until is not None and now - self._since >= self._backoff:")),
+    _r("a probe is lost at since + probe_timeout (now >= since + probe_timeout)",
+       "breaker_probe_lost",
+       (K, "now - self._probe_since >= self.policy.probe_timeout:",
+        "now >= self._probe_since + self.policy.probe_timeout:")),
+    _r("probe_started when not HalfOpen is ignored, not refused",
+       "breaker_refused_and_ignored",
+       (K, "            raise IllegalTransition(f\"breaker: can't start a probe when",
+        "            return None\n            raise IllegalTransition(f\"")),
 )
 
 
@@ -292,14 +406,29 @@ def _copy_core(into: Path, changes: tuple[tuple[str, str, str], ...]) -> None:
         path.write_text(text.replace(old, new))
 
 
+#: Modules of ``spec.conformance`` that the replay imports and that import ``htmqc``.
+KIND_MODULES = ("replay", "gate", "failures", "breaker")
+
+
+def _bound_to_core(name: str) -> bool:
+    """Whether module ``name`` must be loaded afresh for a copy of the core."""
+    return (name == "htmqc" or name.startswith("htmqc.")
+            or name in {f"spec.conformance.{m}" for m in KIND_MODULES})
+
+
 @contextmanager
 def replay_of_copy(root: Path) -> Iterator[ModuleType]:
     """``replay`` bound to the core copied under ``root`` (contracts off); the real
     ``htmqc`` modules are back in place afterwards."""
-    saved = {k: v for k, v in sys.modules.items() if k == "htmqc" or k.startswith("htmqc.")}
+    saved = {k: v for k, v in sys.modules.items() if _bound_to_core(k)}
+    # the vector kinds' modules (imported by the replay) are loaded afresh with the copy too
+    package = sys.modules["spec.conformance"]
+    kinds = {n: getattr(package, n) for n in KIND_MODULES if hasattr(package, n)}
     contracts = os.environ.get("HTMQC_CONTRACTS")
     for name in saved:
         del sys.modules[name]
+    for name in kinds:
+        delattr(package, name)
     sys.path.insert(0, str(root))
     os.environ["HTMQC_CONTRACTS"] = "0"
     try:
@@ -311,9 +440,14 @@ def replay_of_copy(root: Path) -> Iterator[ModuleType]:
         yield module
     finally:
         sys.path.remove(str(root))
-        for name in [k for k in sys.modules if k == "htmqc" or k.startswith("htmqc.")]:
+        for name in [k for k in sys.modules if _bound_to_core(k)]:
             del sys.modules[name]
         sys.modules.update(saved)
+        for name in KIND_MODULES:
+            if hasattr(package, name):
+                delattr(package, name)
+        for name, module in kinds.items():
+            setattr(package, name, module)
         if contracts is None:
             os.environ.pop("HTMQC_CONTRACTS", None)
         else:

@@ -1,5 +1,7 @@
 // Replays the conformance vectors (spec/conformance/README.md, format 2)
-// through the TypeScript core.
+// through the TypeScript core (no `kind`), gate (`"gate"`), failure decision
+// (`"failures"`) and circuit breaker (`"breaker"`); any other `kind` is a
+// malformed vector.
 //
 //   node dist/replay.js PATH...        (vector files or folders of *.json)
 //
@@ -13,6 +15,8 @@ import {
   ConsumerCore, Decision, FailureKind, IllegalTransition, OffsetOrderError, PartitionState,
   RetryPolicy, TopicPartition,
 } from "./core";
+import { Breaker, BreakerPolicy } from "./breaker";
+import { decide, Failure, FailureDecision, RetryTopic, retryTopic } from "./failures";
 import { Gate, GateAction, Hold } from "./gate";
 import { Json, JsonObject, jsonEqual, parseJson, showJson } from "./json";
 
@@ -41,6 +45,24 @@ function int(obj: JsonObject, key: string): bigint {
 function double(obj: JsonObject, key: string): number {
   const v = field(obj, key);
   if (typeof v !== "number") throw new BadVector(`${key} is not a double: ${showJson(v)}`);
+  return v;
+}
+
+function bool(obj: JsonObject, key: string): boolean {
+  const v = field(obj, key);
+  if (typeof v !== "boolean") throw new BadVector(`${key} is not a boolean: ${showJson(v)}`);
+  return v;
+}
+
+function str(obj: JsonObject, key: string): string {
+  const v = field(obj, key);
+  if (typeof v !== "string") throw new BadVector(`${key} is not a string: ${showJson(v)}`);
+  return v;
+}
+
+function object(obj: JsonObject, key: string): JsonObject {
+  const v = field(obj, key);
+  if (!isObject(v)) throw new BadVector(`${key} is not an object: ${showJson(v)}`);
   return v;
 }
 
@@ -193,26 +215,106 @@ function gateCall(gate: Gate, op: string, a: JsonObject): Json {
   }
 }
 
+// -- failure-decision vectors (spec §4b, "kind": "failures") ---------------
+
+function retryPolicyOf(retry: JsonObject): RetryPolicy {
+  return new RetryPolicy(int(retry, "max_retries"), double(retry, "base_delay"), double(retry, "max_delay"));
+}
+
+function failureOf(f: JsonObject): Failure {
+  return new Failure({
+    kind: kindOf(f), poison: bool(f, "poison"), fatal: bool(f, "fatal"), tooLarge: bool(f, "too_large"),
+    fromRetryTopic: bool(f, "from_retry_topic"), priorAttempts: int(f, "prior_attempts"),
+  });
+}
+
+function failureDecisionJson(d: FailureDecision): Json {
+  const base: JsonObject = { type: d.type, tp: d.tp.toString(), epoch: d.epoch, offset: d.offset };
+  switch (d.type) {
+    case "RetryAt": return { ...base, attempt: d.attempt, at: d.at };
+    case "DeadLetter": return { ...base, attempts: d.attempts, kind: d.kind };
+    case "HandOff": return { ...base, topic: d.topic, attempt: d.attempt, due: d.due };
+  }
+}
+
+function failuresCall(op: string, a: JsonObject): Json {
+  if (op !== "decide") throw new BadVector(`unknown failures op ${JSON.stringify(op)}`);
+  const failure = failureOf(object(a, "failure"));
+  const topic = field(a, "retry_topic");
+  let rt: RetryTopic | null = null;
+  if (topic !== null) {
+    if (!isObject(topic)) throw new BadVector(`retry_topic is not null or an object: ${showJson(topic)}`);
+    rt = retryTopic(str(topic, "name"), double(topic, "min_delay"));
+  }
+  const held = field(a, "held_for");
+  if (held !== null && typeof held !== "number") throw new BadVector(`held_for is not a double or null`);
+  return failureDecisionJson(decide({
+    tp: tpOf(a), epoch: int(a, "epoch"), offset: int(a, "offset"), failure,
+    // The decision's attempts (conformance/README.md): failure_count + prior_attempts.
+    attempts: int(a, "failure_count") + failure.priorAttempts,
+    retry: retryPolicyOf(object(a, "retry")), retryTopic: rt,
+    now: double(a, "now"), jitter: double(a, "jitter"), heldFor: held,
+  }));
+}
+
+// -- breaker vectors (spec §4c, "kind": "breaker") --------------------------
+
+function breakerPolicyOf(p: JsonObject): BreakerPolicy {
+  return new BreakerPolicy({
+    consecutive: int(p, "consecutive"), failureRate: double(p, "failure_rate"), minCalls: int(p, "min_calls"),
+    window: double(p, "window"), firstBackoff: double(p, "first_backoff"), maxBackoff: double(p, "max_backoff"),
+    backoffFactor: double(p, "backoff_factor"), probeTimeout: double(p, "probe_timeout"),
+  });
+}
+
+function breakerCall(breaker: Breaker, op: string, a: JsonObject): Json {
+  switch (op) {
+    case "succeeded": return breaker.succeeded(tpOf(a), ints(a, "offsets"), double(a, "now"));
+    case "failed": return breaker.failed(tpOf(a), int(a, "offset"), str(a, "error_class"), double(a, "now"));
+    case "tick": return breaker.tick(double(a, "now"));
+    case "probe_started": return breaker.probeStarted(tpOf(a), int(a, "offset"), double(a, "now"));
+    default: throw new BadVector(`unknown breaker op ${JSON.stringify(op)}`);
+  }
+}
+
+function breakerStateJson(breaker: Breaker, now: number): Json {
+  const s = breaker.snapshot(now);
+  return {
+    state: s.state, reason: s.reason, error_class: s.errorClass, trips: s.trips, backoff: s.backoff,
+    held_for: s.heldFor, streak: s.streak, window_calls: s.windowCalls, window_failures: s.windowFailures,
+  };
+}
+
 // -- one vector ---------------------------------------------------------------
 
-/** What a vector replays through: a core or a gate, behind one interface. */
+/** What a vector replays through (a core, a gate, the failure decision or a
+ *  breaker), behind one interface. `state` is null for the failure decision,
+ *  which has none: its steps carry no `state` and no `error`. */
 interface Subject {
   call(op: string, args: JsonObject): Json;
-  state(): Json;
+  state: ((args: JsonObject) => Json) | null;
 }
 
 function subjectOf(vector: JsonObject): Subject {
   const kind = Object.prototype.hasOwnProperty.call(vector, "kind") ? vector["kind"] : undefined;
-  if (kind === "gate") {
-    const gate = new Gate(double(vector, "fence_grace"));
-    return { call: (op, a) => gateCall(gate, op, a), state: () => gateStateJson(gate) };
+  switch (kind) {
+    case undefined: {
+      const core = new ConsumerCore(retryPolicyOf(object(vector, "retry")));
+      return { call: (op, a) => call(core, op, a), state: () => stateJson(core) };
+    }
+    case "gate": {
+      const gate = new Gate(double(vector, "fence_grace"));
+      return { call: (op, a) => gateCall(gate, op, a), state: () => gateStateJson(gate) };
+    }
+    case "failures":
+      return { call: failuresCall, state: null };
+    case "breaker": {
+      const breaker = new Breaker(breakerPolicyOf(object(vector, "policy")));
+      return { call: (op, a) => breakerCall(breaker, op, a), state: (a) => breakerStateJson(breaker, double(a, "now")) };
+    }
+    default:
+      throw new BadVector(`kind ${showJson(kind)} (none, "gate", "failures" or "breaker")`);
   }
-  if (kind !== undefined) throw new BadVector(`kind ${showJson(kind ?? null)} (core or gate)`);
-  const retry = field(vector, "retry");
-  if (!isObject(retry)) throw new BadVector("retry is not an object");
-  const core = new ConsumerCore(new RetryPolicy(int(retry, "max_retries"), double(retry, "base_delay"),
-                                                double(retry, "max_delay")));
-  return { call: (op, a) => call(core, op, a), state: () => stateJson(core) };
 }
 
 /** Replays one vector; the first mismatch as text, or null when it passes. */
@@ -232,6 +334,16 @@ function replay(vector: JsonObject): { steps: number; mismatch: string | null } 
     const hasError = Object.prototype.hasOwnProperty.call(step, "error");
     if (hasResult === hasError) throw new BadVector(`step ${i}: needs exactly one of result and error`);
     const where = `step ${i} (${op} ${showJson(args)})`;
+    const hasState = Object.prototype.hasOwnProperty.call(step, "state");
+    if (subject.state === null) {
+      // Failure-decision steps: a result, never an error or a state.
+      if (hasError) throw new BadVector(`step ${i}: a failure-decision step carries an error`);
+      if (hasState) {
+        return { steps: steps.length, mismatch: `${where}: a failure-decision step carries a state` };
+      }
+    } else if (!hasState) {
+      throw new BadVector(`step ${i}: missing field "state"`);
+    }
 
     let got: { result: Json } | { error: string };
     try {
@@ -250,7 +362,8 @@ function replay(vector: JsonObject): { steps: number; mismatch: string | null } 
         "result" in x ? `result ${showJson(x.result)}` : `error ${typeof x.error === "string" ? x.error : showJson(x.error)}`;
       return { steps: steps.length, mismatch: `${where}: expected ${show(want)}, got ${show(got)}` };
     }
-    const state = subject.state();
+    if (subject.state === null) continue;
+    const state = subject.state(args);
     if (!jsonEqual(state, field(step, "state"))) {
       return {
         steps: steps.length,

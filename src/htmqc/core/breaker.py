@@ -172,6 +172,12 @@ class BreakerPolicy:
 
     def __post_init__(self) -> None:
         problems = []
+        doubles = ("failure_rate", "window", "first_backoff", "max_backoff", "backoff_factor",
+                   "probe_timeout")
+        infinite = [name for name in doubles if not math.isfinite(getattr(self, name))]
+        if infinite:
+            # NaN passes every comparison below (a NaN window broke the buckets' floor)
+            problems.append(f"{', '.join(infinite)} must be finite")
         if self.consecutive < 1:
             problems.append("consecutive must be >= 1")
         if not 0 < self.failure_rate <= 1:

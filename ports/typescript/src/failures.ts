@@ -1,0 +1,148 @@
+// The failure decision, ported from spec/README.md §4b (and §4 for the
+// backoff) and the failure-decision vectors alone; no Python was read.
+//
+// `decide` is a pure function: no state, no clock, no random draw. Offsets,
+// epochs and attempt counts are `bigint`; times, jitter, delays are IEEE-754
+// doubles (`number`), each `now + x` one rounded addition.
+
+import { FailureKind, RetryPolicy, TopicPartition } from "./core";
+
+/** A failure and the runtime's facts about it (§4b, "Inputs"). */
+export class Failure {
+  readonly kind: FailureKind;
+  /** The poison detector's verdict (too many fast failures). */
+  readonly poison: boolean;
+  /** The handler raised something that would kill its worker. */
+  readonly fatal: boolean;
+  /** The value is over the size limit; the handler never ran. */
+  readonly tooLarge: boolean;
+  /** The message was read from the retry topic. */
+  readonly fromRetryTopic: boolean;
+  /** Failures recorded on that retry-topic record (0 when it has none). */
+  readonly priorAttempts: bigint;
+
+  constructor(f: {
+    kind: FailureKind; poison?: boolean; fatal?: boolean; tooLarge?: boolean;
+    fromRetryTopic?: boolean; priorAttempts?: bigint;
+  }) {
+    const prior = f.priorAttempts ?? 0n;
+    const fromRetryTopic = f.fromRetryTopic ?? false;
+    if (f.kind !== "retryable" && f.kind !== "unknown" && f.kind !== "permanent") {
+      throw new RangeError(`bad failure kind ${JSON.stringify(f.kind)}`);
+    }
+    if (prior < 0n) throw new RangeError(`prior_attempts must be >= 0, got ${prior}`);
+    // §4b: "a failure with prior_attempts > 0 and from_retry_topic false is
+    // refused when built".
+    if (prior > 0n && !fromRetryTopic) {
+      throw new RangeError("prior_attempts > 0 needs from_retry_topic");
+    }
+    this.kind = f.kind;
+    this.poison = f.poison ?? false;
+    this.fatal = f.fatal ?? false;
+    this.tooLarge = f.tooLarge ?? false;
+    this.fromRetryTopic = fromRetryTopic;
+    this.priorAttempts = prior;
+  }
+}
+
+/** `--retry-topic`: its name and the shortest backoff that waits there. */
+export interface RetryTopic {
+  readonly name: string;
+  /** Seconds, a double ≥ 0. */
+  readonly minDelay: number;
+}
+
+/** A retry topic, refused unless its name is not empty and `min_delay ≥ 0`. */
+export function retryTopic(name: string, minDelay: number): RetryTopic {
+  if (name === "") throw new RangeError("the retry topic needs a name");
+  if (!(minDelay >= 0)) throw new RangeError(`min_delay must be >= 0, got ${minDelay}`);
+  return { name, minDelay };
+}
+
+export type DeadLetterKind = "too_large" | "poison" | "permanent" | "failed";
+
+export interface FailureRetryAt {
+  readonly type: "RetryAt";
+  readonly tp: TopicPartition;
+  readonly epoch: bigint;
+  readonly offset: bigint;
+  /** The whole `attempts`. */
+  readonly attempt: bigint;
+  readonly at: number;
+}
+
+export interface FailureDeadLetter {
+  readonly type: "DeadLetter";
+  readonly tp: TopicPartition;
+  readonly epoch: bigint;
+  readonly offset: bigint;
+  /** The whole `attempts`. */
+  readonly attempts: bigint;
+  readonly kind: DeadLetterKind;
+}
+
+export interface HandOff {
+  readonly type: "HandOff";
+  readonly tp: TopicPartition;
+  readonly epoch: bigint;
+  readonly offset: bigint;
+  /** The retry topic's name. */
+  readonly topic: string;
+  /** The whole `attempts`. */
+  readonly attempt: bigint;
+  /** `now + d`. */
+  readonly due: number;
+}
+
+export type FailureDecision = FailureRetryAt | FailureDeadLetter | HandOff;
+
+export interface DecideInput {
+  readonly tp: TopicPartition;
+  readonly epoch: bigint;
+  readonly offset: bigint;
+  readonly failure: Failure;
+  /** Every failure of the message: this assignment's count plus `prior_attempts`. */
+  readonly attempts: bigint;
+  readonly retry: RetryPolicy;
+  readonly retryTopic: RetryTopic | null;
+  readonly now: number;
+  /** In [0, 1]. */
+  readonly jitter: number;
+  /** `null` while the breaker is Closed, else its `held_for(now)` (`0.0` is a hold). */
+  readonly heldFor: number | null;
+}
+
+/** The failure decision of spec §4b: the first rule whose fact holds. */
+export function decide(x: DecideInput): FailureDecision {
+  const { tp, epoch, offset, failure, attempts, retry, retryTopic, now, jitter, heldFor } = x;
+  // Inputs outside the domain are caller bugs (§4b); refused here, changing nothing.
+  if (attempts < 1n || attempts <= failure.priorAttempts) {
+    throw new RangeError(`attempts must be >= 1 and > prior_attempts, got ${attempts}`);
+  }
+  if (failure.fromRetryTopic && retryTopic === null) {
+    throw new RangeError("from_retry_topic needs a retry topic");
+  }
+  if (!(jitter >= 0 && jitter <= 1)) throw new RangeError(`jitter must be in [0, 1], got ${jitter}`);
+  if (heldFor !== null && !(heldFor >= 0)) throw new RangeError(`held_for must be >= 0, got ${heldFor}`);
+
+  // Facts (§4b). d is the backoff of the whole attempts (§4), computed
+  // whether or not it is used.
+  const d = retry.delay(attempts, jitter);
+  const tooLarge = failure.tooLarge;
+  const poison = failure.poison || failure.fatal;
+  const permanent = failure.kind === "permanent";
+  const spent = attempts > retry.maxRetries;
+  // Doubles compared exactly: d equal to min_delay hands off.
+  const toTopic = retryTopic !== null && (failure.fromRetryTopic || d >= retryTopic.minDelay);
+
+  // Rules, in priority order: the first fact that holds decides.
+  const dead = (kind: DeadLetterKind): FailureDeadLetter =>
+    ({ type: "DeadLetter", tp, epoch, offset, attempts, kind });
+  if (tooLarge) return dead("too_large"); // 1
+  if (heldFor !== null) return { type: "RetryAt", tp, epoch, offset, attempt: attempts, at: now + heldFor }; // 2
+  if (poison) return dead("poison"); // 3
+  if (permanent) return dead("permanent"); // 4
+  if (spent) return dead("failed"); // 5
+  if (toTopic) return { type: "HandOff", tp, epoch, offset, topic: retryTopic.name, attempt: attempts, due: now + d }; // 6
+  return { type: "RetryAt", tp, epoch, offset, attempt: attempts, at: now + d }; // 7
+}
