@@ -37,7 +37,9 @@ class Store:
             path = self.url.removeprefix("sqlite:///").partition("?")[0]
             with closing(sqlite3.connect(path)) as conn:
                 conn.row_factory = sqlite3.Row
-                return [dict(r) for r in conn.execute(sql).fetchall()]
+                rows = [dict(r) for r in conn.execute(sql).fetchall()]
+                conn.commit()  # for an UPDATE
+                return rows
         import psycopg
         from psycopg.rows import dict_row
 
@@ -200,6 +202,25 @@ def test_bad_input_is_one_line_exit_2(
     code, _out, err = run(capsys, *[a.format(db=db) for a in argv])
     assert code == 2, err
     assert text in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_redrive_dry_run_lists_what_it_would_write_and_writes_nothing(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No broker needed: the selection's entries not redriven yet, a summary line,
+    and every entry still pending afterwards."""
+    write_letters(store.url, sample())
+    # offset 12 was redriven already: not listed again
+    store.query(f'UPDATE {store.prefix}dead_letters SET redriven_at = 1.0 WHERE "offset" = 12')
+    code, out, err = run(capsys, "redrive", "--sink", store.url, "--error-class", "ValueError",
+                         "--dry-run")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[-1] == ("dry run: 1 dead letters would be redriven to their topics; "
+                         "nothing was written")
+    table = "\n".join(lines[:-1])
+    assert "t/0/10" in table and "t/0/12" not in table and "t/1/11" not in table
+    assert [e["offset"] for e in listed(capsys, store.url, "--pending")] == [10, 11, 13, 14]
 
 
 @pytest.mark.broker

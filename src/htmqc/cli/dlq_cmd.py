@@ -26,6 +26,7 @@ import json
 import os
 import sys
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 from htmqc.config import parse_pairs, remember_secrets
@@ -47,9 +48,11 @@ Inspect and replay dead letters.
 
 redrive writes each selected entry back to its original topic and partition
 (same key, value, headers, plus htmqc-redrive-of=ID) and marks it, so a second
-redrive writes nothing. Kafka DLQs are redriven exactly once (one transaction
-for the records and the marks); the README's "Dead-letter queues" section
-says what the SQL crash window is and what a redrive does to per-key order."""
+redrive writes nothing; redrive --dry-run lists the entries it would write (the
+selection's, not redriven yet) and writes nothing. Kafka DLQs are redriven
+exactly once (one transaction for the records and the marks); the README's
+"Dead-letter queues" section says what the SQL crash window is and what a
+redrive does to per-key order."""
 
 
 def _source_options(parser: argparse.ArgumentParser) -> None:
@@ -108,6 +111,10 @@ def register(subparsers: Any) -> None:
     redrive = actions.add_parser("redrive", help="write dead letters back to their topic")
     _source_options(redrive)
     _filter_options(redrive)
+    redrive.add_argument(
+        "--dry-run", action="store_true",
+        help="list what would be redriven (selected, not redriven yet) and write nothing",
+    )
     redrive.set_defaults(func=run_redrive)
 
 
@@ -259,6 +266,17 @@ def run_redrive(args: argparse.Namespace) -> int:
     """``htmqc dlq redrive``: one summary line (plus progress)."""
     source = _source(args)
     selection = _selection(args, source)
+    where = args.topic or "their topics"
+    if args.dry_run:
+        # The entries redrive would write: the selection's, not redriven yet.
+        try:
+            entries = list(source.entries(replace(selection, pending=True)))
+        finally:
+            _close(source)
+        print_table(entries, rich_output=sys.stdout.isatty())
+        print(f"dry run: {len(entries)} dead letters would be redriven to {where}; "
+              "nothing was written")
+        return 0
     report: RedriveReport
     try:
         with _Progress() as bar:
@@ -279,7 +297,6 @@ def run_redrive(args: argparse.Namespace) -> int:
                 report = source.redrive(selection, progress=bar.advance, on_total=bar.start)
     finally:
         _close(source)
-    where = args.topic or "their topics"
     print(
         f"redrove {report.redriven} dead letters to {where} in {report.seconds:.2f}s "
         f"({report.transactions} transactions)"
