@@ -1,5 +1,7 @@
 """htmqc: a formally specified, exactly-once Kafka consumer runtime for Python."""
 
+from typing import TYPE_CHECKING, Any
+
 from htmqc.core import (
     Commit,
     ConsumerCore,
@@ -17,13 +19,34 @@ from htmqc.core import (
 
 __version__ = "0.1.0"
 
+if TYPE_CHECKING:
+    from htmqc.api import Consumer
+    from htmqc.ports import Message
+
+
+def __getattr__(name: str) -> Any:
+    """``htmqc.Consumer`` and ``htmqc.Message``, imported when first used (the
+    runtime and confluent-kafka are not loaded by ``import htmqc``)."""
+    if name == "Consumer":
+        from htmqc.api import Consumer
+
+        return Consumer
+    if name == "Message":
+        from htmqc.ports import Message
+
+        return Message
+    raise AttributeError(f"module 'htmqc' has no attribute {name!r}")
+
+
 __all__ = [
     "Commit",
+    "Consumer",
     "ConsumerCore",
     "CoreError",
     "DeadLetter",
     "FailureKind",
     "IllegalTransition",
+    "Message",
     "MessageState",
     "Permanent",
     "RetryAt",

@@ -66,10 +66,11 @@ def current_directory_on_path() -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Resolve the options and run."""
-    from htmqc.runtime import run
+    from htmqc.api import Consumer
+    from htmqc.runtime import load_handler
+    from htmqc.sinks import redact_url
 
     current_directory_on_path()
-    from htmqc.sinks import redact_url
 
     cli = {
         k: v
@@ -90,6 +91,6 @@ def main(args: argparse.Namespace) -> int:
         redact_url(options.sink) if options.sink else "-",
         redacted(options.kafka_config),
     )
-    finished = run(args.handler, options)
+    finished = Consumer.from_options(options, load_handler(args.handler)).run()
     logging.getLogger("htmqc.runtime").info("finished %d messages", finished)
     return 0

@@ -299,21 +299,49 @@ def producer_overrides(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(spec: str, options: RunOptions) -> int:
-    """Load ``spec`` and run it until stopped; return the messages finished.
+    """Load ``spec`` (``MODULE:FUNCTION``) and run it until stopped; return the
+    messages finished (:func:`run_handler`)."""
+    return run_handler(load_handler(spec), options)
 
-    With ``metrics_port`` set, ``/metrics``, ``/state``, ``/state.json``,
-    ``/healthz`` and ``/readyz`` are served on ``metrics_host`` for the whole run
-    (from the engine's last published snapshot: never waiting for its lock); with ``redis_url`` the
-    backpressure state is mirrored into Redis (:mod:`htmqc.observe.redis_mirror`).
+
+def run_handler(handler: Callable[..., Any], options: RunOptions) -> int:
+    """Run ``handler`` until stopped (SIGTERM/SIGINT on the main thread, or
+    ``max_messages``, ``idle_exit``); return the messages finished."""
+    engine, metrics = prepare(handler, options)
+    return serve(engine, metrics, options)
+
+
+def prepare(handler: Callable[..., Any], options: RunOptions) -> tuple[Engine, Metrics | None]:
+    """Everything checked and connected, nothing consumed yet: the engine, and the
+    metrics it reports to when ``metrics_port`` is set.
+
+    :raises UsageError: a bad handler, option or URL (before anything connects).
+    :raises RuntimeFailure: the broker or the sink cannot be reached.
     """
-    from htmqc.observe import Metrics, ObserveServer
-    from htmqc.observe.redis_mirror import RedisMirror, parse_redis_url
+    from htmqc.observe import Metrics
+    from htmqc.observe.redis_mirror import parse_redis_url
 
-    handler = load_handler(spec)
     if options.redis_url:
         parse_redis_url(options.redis_url)  # bad URLs fail before anything starts
     metrics = Metrics() if options.metrics_port is not None else None
-    engine = build_engine(handler, options, metrics=metrics)
+    return build_engine(handler, options, metrics=metrics), metrics
+
+
+def serve(
+    engine: Engine, metrics: Metrics | None, options: RunOptions, *, install_signals: bool = True
+) -> int:
+    """Run a prepared engine until it stops; return the messages finished.
+
+    With ``metrics_port`` set, ``/metrics``, ``/state``, ``/state.json``,
+    ``/healthz`` and ``/readyz`` are served on ``metrics_host`` for the whole run
+    (from the engine's last published snapshot: never waiting for its lock); with
+    ``redis_url`` the backpressure state is mirrored into Redis
+    (:mod:`htmqc.observe.redis_mirror`). ``install_signals``: SIGTERM and SIGINT
+    stop the engine (only possible on the main thread).
+    """
+    from htmqc.observe import ObserveServer
+    from htmqc.observe.redis_mirror import RedisMirror
+
     source = engine.snapshot  # readers never wait for the engine's lock
     server: ObserveServer | None = None
     mirror: RedisMirror | None = None
@@ -328,7 +356,7 @@ def run(spec: str, options: RunOptions) -> int:
             mirror = RedisMirror(options.redis_url, options.group, source)
             mirror.start()
             log.info("mirroring backpressure to redis key %s", mirror.key)
-        return engine.run()
+        return engine.run(install_signals=install_signals)
     finally:
         if mirror is not None:
             mirror.stop()

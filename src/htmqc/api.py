@@ -1,0 +1,166 @@
+"""The library API: :class:`Consumer`, the object ``htmqc run`` builds too.
+
+::
+
+    from htmqc import Consumer
+
+    consumer = Consumer(bootstrap="127.0.0.1:9092", topic="payments", group="ledger",
+                        mode="exactly-once", sink="postgresql://localhost/app")
+
+    @consumer.handler
+    def handle(msg, tx):
+        tx.execute("INSERT INTO payments (id, body) VALUES (%s, %s)", (msg.key(), msg.value()))
+
+    consumer.run()            # blocks until SIGTERM/SIGINT (or max_messages, idle_exit)
+
+or, embedded in an application or a test::
+
+    consumer.start()          # checked and connected when it returns; runs on a thread
+    ...
+    finished = consumer.stop()
+
+Options are the keyword arguments: every option of ``htmqc run`` under its
+Python name (``--max-in-flight`` is ``max_in_flight``; ``htmqc run --help``
+lists them), plus ``kafka_config`` (librdkafka settings). They are resolved as
+the command line's are, without the environment or a TOML file: what is given
+wins, then the ``profile``'s values, then the sink's defaults (a ``kafka:``
+sink commits 10,000 messages per transaction), then the schema's. A bad option
+is a :class:`~htmqc.errors.UsageError` when the consumer is built; a handler
+whose signature does not fit the mode, when it is registered.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from htmqc.config import FIELDS, resolve
+from htmqc.errors import RuntimeFailure, UsageError
+from htmqc.runtime.handlers import check_handler
+from htmqc.runtime.launch import prepare, serve
+from htmqc.runtime.options import RunOptions
+
+Handler = TypeVar("Handler", bound=Callable[..., Any])
+
+
+class Consumer:
+    """One consumer group member with one handler (module docs).
+
+    ``handler``: the handler, or register it later with :meth:`handler`.
+    ``**options``: ``htmqc run``'s options by their Python names.
+
+    :raises UsageError: an unknown or invalid option, a missing required one.
+    """
+
+    def __init__(
+        self,
+        handler: Callable[..., Any] | None = None,
+        *,
+        kafka_config: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> None:
+        unknown = sorted(set(options) - set(FIELDS))
+        if unknown:
+            raise UsageError(
+                f"unknown option {unknown[0]!r}",
+                "use htmqc run's option names with _ for -, e.g. max_in_flight",
+            )
+        kafka = {k: str(v).lower() if isinstance(v, bool) else str(v)
+                 for k, v in (kafka_config or {}).items()}
+        self._init(resolve(options, kafka, environ={}), handler)
+
+    @classmethod
+    def from_options(
+        cls, options: RunOptions, handler: Callable[..., Any] | None = None
+    ) -> Consumer:
+        """A consumer of options resolved already (``htmqc run`` builds its own so)."""
+        consumer = cls.__new__(cls)
+        consumer._init(options, handler)
+        return consumer
+
+    def _init(self, options: RunOptions, handler: Callable[..., Any] | None) -> None:
+        self.options = options
+        self._handler: Callable[..., Any] | None = None
+        self._thread: threading.Thread | None = None
+        self._stop: Callable[[], None] | None = None
+        self._finished: int | None = None
+        self._error: BaseException | None = None
+        if handler is not None:
+            self.handler(handler)
+
+    def handler(self, fn: Handler) -> Handler:
+        """Register ``fn`` as the handler (usable as a decorator); returns it.
+
+        :raises UsageError: a handler is registered already, or ``fn`` cannot be
+            called the way the mode calls it (``handler(msg)`` at-least-once,
+            ``handler(msg, tx)`` exactly-once).
+        """
+        if self._handler is not None:
+            raise UsageError(
+                "this consumer has a handler already", "build one Consumer per handler"
+            )
+        check_handler(fn, self.options.mode)
+        self._handler = fn
+        return fn
+
+    def _registered(self) -> Callable[..., Any]:
+        if self._handler is None:
+            raise UsageError("no handler registered", "decorate one with @consumer.handler")
+        if self._thread is not None or self._finished is not None:
+            raise UsageError("this consumer ran already", "build a new Consumer to run again")
+        return self._handler
+
+    def run(self) -> int:
+        """Run on this thread until stopped; return the messages finished. On the
+        main thread SIGTERM and SIGINT stop it within ``shutdown_seconds``."""
+        engine, metrics = prepare(self._registered(), self.options)
+        self._stop = engine.stop
+        main = threading.current_thread() is threading.main_thread()
+        self._finished = serve(engine, metrics, self.options, install_signals=main)
+        return self._finished
+
+    def start(self) -> None:
+        """Check, connect, then run on a background thread (no signal handlers);
+        :meth:`stop` ends it.
+
+        :raises UsageError: see :meth:`run`; raised here, before the thread starts.
+        """
+        engine, metrics = prepare(self._registered(), self.options)
+        self._stop = engine.stop
+
+        def main() -> None:
+            try:
+                self._finished = serve(engine, metrics, self.options, install_signals=False)
+            except BaseException as exc:  # re-raised by stop()
+                self._error = exc
+
+        self._thread = threading.Thread(target=main, name="htmqc-consumer", daemon=True)
+        self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        """Whether :meth:`start`'s thread is still running."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self, timeout: float | None = None) -> int:
+        """Stop a started consumer as SIGTERM would (no new handler call, running ones
+        finish up to ``shutdown_seconds``, everything finished committed) and wait
+        for it; return the messages finished.
+
+        :raises RuntimeFailure: it did not stop within ``timeout`` seconds.
+        :raises Exception: what ended the run, if it failed.
+        """
+        if self._thread is None or self._stop is None:
+            raise UsageError("this consumer was not started", "call start() first")
+        self._stop()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise RuntimeFailure(
+                f"the consumer did not stop within {timeout:g} s",
+                "give stop() more time (shutdown_seconds bounds a clean stop)",
+            )
+        if self._error is not None:
+            raise self._error
+        assert self._finished is not None
+        return self._finished
