@@ -9,8 +9,11 @@ limit (``TIMEOUT_FACTOR`` times the baseline, plus ``TIMEOUT_SLACK``), and the
 lines it executes select the mutants it runs for. A check that never executes
 any line a mutant changed behaves the same on the mutant (the run up to that
 line is the same, and it never gets there, since the checks are
-deterministic), so it is not run for that mutant (``uncovered``). A check over
-its limit marks the mutant ``timeout``, which counts as detected.
+deterministic), so it is not run for that mutant (``uncovered``); by the same
+argument a pytest check runs only the test files that executed one of the
+mutant's lines (:mod:`model_checks.mutation.contexts`; all of them if one ran at
+import). A check over its limit marks the mutant ``timeout``, which counts as
+detected.
 
 Results are appended to ``build/mutation/results.jsonl`` as they come, so
 ``--resume`` skips mutants already run with the same diff and chain.
@@ -25,14 +28,14 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from coverage import CoverageData
 
 from htmqc.errors import RuntimeFailure
-from model_checks.mutation.config import KILL_CHECKS, Command, focused_tests
+from model_checks.mutation.config import KILL_CHECKS, PYTEST, ROOT, Command, focused_tests
 from model_checks.mutation.execute import Outcome, run_command
 from model_checks.mutation.mutants import Mutant
 from model_checks.mutation.shadow import Shadow
@@ -86,6 +89,9 @@ class Baseline:
 
     seconds: dict[str, float]
     lines: dict[str, dict[str, frozenset[int]]]
+    #: pytest checks only: ``files[key][file][line]``, the test files (relative to
+    #: the repository root) that executed that line, ``""`` for no test (imports).
+    files: dict[str, dict[str, dict[int, frozenset[str]]]] = field(default_factory=dict)
 
     def limit(self, command: Command) -> float:
         """The time limit of ``command``."""
@@ -104,26 +110,49 @@ class Baseline:
         return any(n in executed for n in range(first, last + 1))
 
 
+    def narrowed(self, command: Command, mutant: Mutant) -> Command:
+        """``command`` limited to the test files that executed a line of the node
+        ``mutant`` changed (:mod:`model_checks.mutation.contexts`); ``command``
+        itself if it is not a pytest check, or if a line ran outside any test
+        (at import: every test depends on it). A file that never reaches the
+        mutated code behaves the same on the mutant, as in :meth:`covers`."""
+        by_line = self.files.get(argv_key(command), {}).get(mutant.file)
+        if by_line is None:
+            return command
+        first = min(mutant.line, mutant.node_lines[0])
+        last = max(mutant.last_line, mutant.node_lines[1])
+        chosen: set[str] = set()
+        for n in range(first, last + 1):
+            chosen.update(by_line.get(n, ()))
+        if not chosen or "" in chosen:
+            return command
+        return replace(command, argv=(*PYTEST, *(str(ROOT / f) for f in sorted(chosen))))
+
+
 def argv_key(command: Command) -> str:
     return " ".join(command.argv)
 
 
-def baseline(files: Iterable[str], shadow: Shadow) -> Baseline:
+def baseline(mutated: Iterable[str], shadow: Shadow) -> Baseline:
     """Run every chain on the unmutated tree, under ``coverage``.
 
     :raises RuntimeFailure: a check fails without any mutant.
     """
     seconds: dict[str, float] = {}
     lines: dict[str, dict[str, frozenset[int]]] = {}
-    for rel in sorted(set(files)):
+    files: dict[str, dict[str, dict[int, frozenset[str]]]] = {}
+    for rel in sorted(set(mutated)):
         for command in chain_for(Path(rel)):
             key = argv_key(command)
             if key in seconds:
                 continue
             data = shadow.work / f"coverage-{len(seconds)}"
+            argv = command.argv
+            if _is_pytest(command):  # each test file's lines apart
+                argv = (*argv[:2], "-p", "model_checks.mutation.contexts", *argv[2:])
             measured = replace(command, argv=(
                 "-m", "coverage", "run", f"--data-file={data}",
-                f"--include={shadow.src}/*", *command.argv))
+                f"--include={shadow.src}/*", *argv))
             outcome = run_command(measured, shadow, shadow.path_of(rel), timeout=3600)
             if outcome.verdict in ("fail", "timeout"):
                 raise RuntimeFailure(
@@ -133,9 +162,27 @@ def baseline(files: Iterable[str], shadow: Shadow) -> Baseline:
             seconds[key] = outcome.seconds
             if outcome.verdict == "pass":
                 lines[key] = _executed(data, shadow)
+                if _is_pytest(command):
+                    files[key] = _by_test_file(data, shadow)
             print(f"baseline {command.name:<12} {outcome.verdict:<8} {outcome.seconds:6.1f}s",
                   flush=True)
-    return Baseline(seconds, lines)
+    return Baseline(seconds, lines, files)
+
+
+def _is_pytest(command: Command) -> bool:
+    return command.argv[: len(PYTEST)] == PYTEST
+
+
+def _by_test_file(data: Path, shadow: Shadow) -> dict[str, dict[int, frozenset[str]]]:
+    covered = CoverageData(basename=str(data))
+    covered.read()
+    out = {}
+    for name in covered.measured_files():
+        rel = Path("src") / Path(name).relative_to(shadow.src)
+        out[str(rel)] = {
+            line: frozenset(contexts) for line, contexts in covered.contexts_by_lineno(name).items()
+        }
+    return out
 
 
 def _executed(data: Path, shadow: Shadow) -> dict[str, frozenset[int]]:
@@ -190,7 +237,8 @@ def try_mutant(
                 if not base.covers(command, mutant):
                     outcomes.append(Outcome(command.name, "uncovered", 0.0))
                     continue
-                outcome = run_command(command, shadow, path, base.limit(command))
+                outcome = run_command(base.narrowed(command, mutant), shadow, path,
+                                      base.limit(command))
                 outcomes.append(outcome)
                 if outcome.detects:
                     break

@@ -137,6 +137,49 @@ def test_a_check_runs_when_it_executes_any_line_of_the_mutated_node() -> None:
     assert base.covers(config.KILL_CHECKS[0], mutant(245, (245, 245)))  # not measured
 
 
+def test_a_pytest_check_runs_only_the_test_files_that_reach_the_mutated_node() -> None:
+    unit = next(c for c in config.KILL_CHECKS if c.name == "unit")
+    key = kill.argv_key(unit)
+    by_line = {246: frozenset({"tests/core/test_a.py"}), 248: frozenset({"tests/core/test_b.py"}),
+               300: frozenset({"tests/core/test_a.py", ""})}
+    base = kill.Baseline({}, {}, {key: {PARTITION: by_line}})
+
+    def mutant(line: int, node: tuple[int, int]) -> Mutant:
+        return Mutant("i", PARTITION, line, line, node, "f", "AddNot", "x", "not x",
+                      "", "k", True, "")
+
+    narrowed = base.narrowed(unit, mutant(246, (246, 248)))
+    assert narrowed.argv == (*config.PYTEST, str(ROOT / "tests/core/test_a.py"),
+                             str(ROOT / "tests/core/test_b.py"))
+    assert narrowed.name == unit.name and kill.argv_key(narrowed) != key
+    assert base.narrowed(unit, mutant(300, (300, 300))) == unit  # also ran at import: all
+    assert base.narrowed(unit, mutant(400, (400, 400))) == unit  # not measured here: all
+    vectors = next(c for c in config.KILL_CHECKS if c.name == "vectors")
+    assert base.narrowed(vectors, mutant(246, (246, 246))) == vectors  # not pytest
+
+
+def test_the_baseline_charges_lines_to_test_files(tmp_path: Path) -> None:
+    """The contexts plugin under coverage: lines of one test file apart from another's
+    and from import time."""
+    (tmp_path / "mod.py").write_text("def f():\n    return 1\n\ndef g():\n    return 2\n")
+    (tmp_path / "test_f.py").write_text("import mod\n\ndef test_f():\n    assert mod.f() == 1\n")
+    (tmp_path / "test_g.py").write_text("import mod\n\ndef test_g():\n    assert mod.g() == 2\n")
+    data = tmp_path / "cov"
+    subprocess.run(
+        [sys.executable, "-m", "coverage", "run", f"--data-file={data}",
+         f"--include={tmp_path}/mod.py", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "-p", "model_checks.mutation.contexts", "--rootdir", str(tmp_path),
+         str(tmp_path / "test_f.py"), str(tmp_path / "test_g.py")],
+        cwd=tmp_path, check=True, capture_output=True,
+        env={**__import__("os").environ, "PYTHONPATH": f"{tmp_path}:{ROOT}"},
+    )
+    shadow = Shadow.__new__(Shadow)
+    shadow.src = tmp_path
+    got = kill._by_test_file(data, shadow)[str(Path("src") / "mod.py")]
+    assert got[2] == frozenset({"test_f.py"}) and got[5] == frozenset({"test_g.py"})
+    assert got[1] == frozenset({""})  # the def: at import
+
+
 # -- equivalence ------------------------------------------------------------------------
 
 
