@@ -85,13 +85,15 @@ def query(url: str, sql: str) -> list[tuple[Any, ...]]:
             return []
 
 
+@pytest.mark.parametrize("batch", [False, True], ids=["per-message", "batch"])
 def test_payments_into_a_database_once_across_a_sigkill(
-    broker: Broker, new_topic: Any, database: str
+    broker: Broker, new_topic: Any, database: str, batch: bool
 ) -> None:
     topic = new_topic(partitions=4)
     produce(broker.bootstrap, topic, N + len(MALFORMED), records=events())
     cmd = [sys.executable, "-m", "examples.payments", "--bootstrap", broker.bootstrap,
-           "--topic", topic, "--group", f"ledger-{uuid.uuid4().hex[:6]}", "--sink", database]
+           "--topic", topic, "--group", f"ledger-{uuid.uuid4().hex[:6]}", "--sink", database,
+           *(["--batch"] if batch else [])]
 
     def paid() -> int:
         rows = query(database, "SELECT COUNT(*) FROM payments")

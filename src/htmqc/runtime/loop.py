@@ -204,6 +204,7 @@ class Engine:
                 timed=timed,
                 sized=True,
                 span=span,
+                batch=options.batch,
             )
             self.workers = worker
             self.eo = ExactlyOnce(self, worker, options.txn_ms / 1000.0)

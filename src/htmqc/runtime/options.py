@@ -231,6 +231,10 @@ class RunOptions:
     )  # fmt: skip
     redis_url: str | None = opt(None, "mirror backpressure into redis://host:port/db")
     log_format: str = opt("text", "log lines as text or json", choices=LOG_FORMATS)
+    batch: bool = opt(
+        False, "exactly-once: the handler takes a list, handler(msgs, tx): one call per piece of "
+        "up to 250 messages in one sink scope (a failure re-runs the piece message by message)",
+    )
     otel: bool = opt(False, "OpenTelemetry spans (extra: otel)")
     retry_topic: bool = opt(
         False, "long backoffs wait in <topic>.retry, freeing the partition (breaks per-key order)"

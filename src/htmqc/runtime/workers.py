@@ -377,6 +377,7 @@ class TransactionWorker(Workers):
         timed: bool = False,
         sized: bool = False,
         span: BatchSpan | None = None,
+        batch: bool = False,
     ) -> None:
         super().__init__(1, "htmqc-txn")
         self.sink = sink
@@ -384,7 +385,13 @@ class TransactionWorker(Workers):
         self.txn_messages = txn_messages
         self.txn_seconds = txn_seconds
         self.reconnect_seconds = reconnect_seconds
-        self._handler = handler
+        #: A batch handler takes a piece at once; isolated, a list of one message.
+        self._batch: Callable[[Any, Any], Any] | None = handler if batch else None
+
+        def one(msg: Any, handle: Any) -> Any:
+            return handler([msg], handle)
+
+        self._handler: Callable[[Any, Any], Any] = one if batch else handler
         self._check = check
         self._out = _CountingReport(self)
         self.lane = Lane(self._isolated, timed=timed, sized=sized, span=span,
@@ -473,6 +480,20 @@ class TransactionWorker(Workers):
         with txn.message():
             return self._handler(msg, txn.handle)
 
+    def _whole(self, handle: Any) -> Callable[[Sequence[Any]], Any]:
+        """The batch handler with ``handle``: one call for a whole piece, each
+        message checked first."""
+        batch, check = self._batch, self._check
+        assert batch is not None
+
+        def call(msgs: Sequence[Any]) -> Any:
+            if check is not None:
+                for msg in msgs:
+                    check(msg)
+            return batch(list(msgs), handle)
+
+        return call
+
     def _bare(self, handle: Any) -> Callable[[Any], Any]:
         """The handler with ``handle``, no scope of its own (an atomic piece's call)."""
         handler, check = self._handler, self._check
@@ -486,9 +507,9 @@ class TransactionWorker(Workers):
         return call
 
     def _run(self, lease: Lease, msgs: Sequence[Any]) -> None:
-        """Run ``msgs``: a piece at a time in one scope; a piece in which anything
-        failed runs again one isolated message at a time (a failure costs a re-run
-        of its piece and nothing else changes)."""
+        """Run ``msgs``: a piece at a time in one scope (a batch handler: in one
+        call); a piece in which anything failed runs again one isolated message at
+        a time (a failure costs a re-run of its piece and nothing else changes)."""
         pos, n = 0, len(msgs)
         while pos < n and lease.live:
             self._checkpoint()
@@ -498,9 +519,14 @@ class TransactionWorker(Workers):
             if not self.lane.holds(lease):
                 try:
                     with txn.message():
-                        done = self.lane.run_atomic(
-                            lease, piece, self._bare(txn.handle), self._interrupt
-                        )
+                        if self._batch is not None:
+                            done = self.lane.run_whole(
+                                lease, piece, self._whole(txn.handle), self._interrupt
+                            )
+                        else:
+                            done = self.lane.run_atomic(
+                                lease, piece, self._bare(txn.handle), self._interrupt
+                            )
                 except SINK_FAULTS:
                     raise
                 except BaseException:
