@@ -1,10 +1,13 @@
-"""Exactly-once batch handlers (``--batch``): one call per piece, inside the piece's sink
-scope; a piece that fails runs again one message at a time (no broker needed)."""
+"""Batch handlers (``--batch``). Exactly-once: one call per piece, inside the piece's sink
+scope; a piece that fails runs again one message at a time. At-least-once: one call per
+run of a lane (no broker needed)."""
 
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +20,7 @@ from htmqc.runtime import Engine, RunOptions
 from htmqc.runtime.launch import build_engine
 from htmqc.runtime.workers import PIECE
 from htmqc.sinks import open_sink
-from htmqc.testing import FakeConsumer, FakeMessage
+from htmqc.testing import FakeConsumer, FakeMessage, FakeProducer, make_logs
 
 TOPIC = "b"
 N = 1000
@@ -115,7 +118,42 @@ def test_a_failing_piece_is_undone_and_run_message_by_message(tmp_path: Path) ->
         assert sorted(conn.execute("SELECT committed FROM htmqc_positions")) == [(N,), (N,)]
 
 
-def test_batch_handlers_need_exactly_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [1, 3])
+def test_at_least_once_batches_keep_key_order_and_isolate_a_failure(workers: int) -> None:
+    """Each lane gets runs of one partition; a run whose call raised runs again one
+    message per call: the bad message is dead-lettered alone, the others run (those
+    before it in the failed call twice: at-least-once), per-key order holds, and
+    the watermark covers everything."""
+    consumer = FakeConsumer.from_logs(make_logs(TOPIC, 2, 600, keys=9))
+    producer = FakeProducer()
+    calls: list[int] = []
+    ran: dict[tuple[int, bytes], list[int]] = defaultdict(list)
+    lock = threading.Lock()
+
+    def handle(msgs: list[Any]) -> None:
+        with lock:
+            calls.append(len(msgs))
+            for m in msgs:
+                ran[(m.partition(), m.key())].append(m.offset())
+        if any((m.partition(), m.offset()) == (1, 77) for m in msgs):
+            raise Permanent("bad")
+
+    opts = RunOptions(bootstrap="f:1", topic=TOPIC, group="g", batch=True, workers=workers,
+                      max_messages=1200, batch_size=100)
+    engine = Engine(handle, opts, consumer, producer_factory=lambda: producer, seed=1)
+    consumer.on_commit = engine.on_commit
+    engine.run(install_signals=False)
+    assert max(calls) > 1 and calls.count(1) > 0, calls
+    assert [(r[0], dict(r[3])["htmqc-dlq-reason"]) for r in producer.records] == [
+        (f"{TOPIC}.dlq", b"Permanent: bad")]
+    for offsets in ran.values():  # every key in order, a repeat only as a re-run
+        firsts = list(dict.fromkeys(offsets))
+        assert firsts == sorted(firsts)
+    assert sum(len(set(v)) for v in ran.values()) == 1200
+    assert consumer.commits[(TOPIC, 0)][0] == 600 and consumer.commits[(TOPIC, 1)][0] == 600
+
+
+def test_a_batch_handler_must_take_a_list_in_either_mode() -> None:
     options = RunOptions(bootstrap="f:1", topic=TOPIC, group="g", batch=True)
-    with pytest.raises(UsageError, match="exactly-once mode only"):
-        build_engine(lambda msgs: None, options)
+    with pytest.raises(UsageError):
+        build_engine(lambda: None, options)

@@ -136,7 +136,9 @@ class Lane:
     timestamps (for the latency histograms); ``sized``: add up value bytes (for
     the in-flight byte bound). Both cost a little per message, so they are off
     unless needed. ``passthrough``: exception types that are not a message's
-    failure (module docs).
+    failure (module docs). ``batch``: a batch handler (at-least-once ``--batch``)
+    that runs a whole run in one call when no key is held; ``call`` is then its
+    one-message form, for the run again one message at a time after it raised.
     """
 
     def __init__(
@@ -147,8 +149,10 @@ class Lane:
         sized: bool = False,
         span: BatchSpan | None = None,
         passthrough: tuple[type[BaseException], ...] = (),
+        batch: Callable[[Sequence[Any]], Any] | None = None,
     ):
         self.call = call
+        self.batch = batch
         self.timed = timed
         self.sized = sized
         self.span = span
@@ -186,6 +190,8 @@ class Lane:
         known: tuple[list[int], int] | None,
         interrupt: Callable[[], bool] | None,
     ) -> int:
+        if self.batch is not None and not self._held and interrupt is None:
+            return self._run_batch(lease, msgs, report, known)
         if self.timed or self._held or interrupt is not None:
             return self._run_each(lease, msgs, report, interrupt)
         # The usual case, no held key and no timing: nothing to do per message but
@@ -236,6 +242,46 @@ class Lane:
             )
             report.succeeded(lease, done)
         return len(msgs)
+
+    def _run_batch(
+        self,
+        lease: Lease,
+        msgs: Sequence[Any],
+        report: Report,
+        known: tuple[list[int], int] | None,
+    ) -> int:
+        """One batch call for the run; if it raises, the run again one message per
+        call (:meth:`_run_each`), so only the failing message fails and keys are
+        held as usual. The messages before it then ran twice: at-least-once."""
+        if not lease.live:
+            return 0
+        assert self.batch is not None
+        started = time.perf_counter()
+        try:
+            result = self.batch(msgs)
+            if result is not None:
+                check_result(result)
+        except self.passthrough:
+            raise
+        except BaseException:
+            return self._run_each(lease, msgs, report, None)
+        ended = time.perf_counter()
+        done = (
+            self._done(msgs, ended - started)
+            if known is None
+            else Done(known[0], ended - started, known[1] if self.sized else 0)
+        )
+        if self.timed:
+            self._spread(done, msgs, started, ended)
+        report.succeeded(lease, done)
+        return len(msgs)
+
+    @staticmethod
+    def _spread(done: Done, msgs: Sequence[Any], started: float, ended: float) -> None:
+        """A batch call's time charged to its messages in equal shares."""
+        step = (ended - started) / len(msgs)
+        done.ticks = [started + k * step for k in range(len(msgs))] + [ended]
+        done.stamps_ms = [m.timestamp()[1] for m in msgs[::STAMP_EVERY]]
 
     def _done(self, msgs: Sequence[Any], elapsed: float) -> Done:
         """The report of ``msgs``, which all succeeded (untimed lanes)."""
@@ -369,9 +415,7 @@ class Lane:
         ended = clock()
         done = self._done(msgs, ended - started)
         if self.timed:
-            step = (ended - started) / len(msgs)
-            done.ticks = [started + k * step for k in range(len(msgs))] + [ended]
-            done.stamps_ms = [m.timestamp()[1] for m in msgs[::STAMP_EVERY]]
+            self._spread(done, msgs, started, ended)
         return done
 
     def retry(self, lease: Lease, msg: Any, report: Report) -> None:

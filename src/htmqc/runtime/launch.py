@@ -157,11 +157,6 @@ def build_engine(
     from htmqc.sinks import open_sink
 
     check_handler(handler, options.mode)
-    if options.batch and options.mode != EXACTLY_ONCE:
-        raise UsageError(
-            "--batch handlers run in exactly-once mode only",
-            "add --mode exactly-once --sink URL, or take one message per call",
-        )
     if options.mode == EXACTLY_ONCE and not options.sink:
         raise UsageError(
             "exactly-once needs a sink",

@@ -47,7 +47,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import TopicPartition as KafkaTP
@@ -211,6 +211,20 @@ class Engine:
             self.alo = AtLeastOnce(consumer, _no_producer)
         else:
             self.alo = AtLeastOnce(consumer, producer_factory or _no_producer)
+            batch = None
+            if options.batch:
+                batch = whole = call
+
+                def call(msg: Any) -> Any:
+                    return whole([msg])
+
+                if check is not None:
+
+                    def batch(msgs: Sequence[Any]) -> Any:
+                        for msg in msgs:
+                            check(msg)
+                        return whole(msgs)
+
             if check is not None:
                 bare = call
 
@@ -219,7 +233,8 @@ class Engine:
                     return bare(msg)
 
             self.workers = LanePool(
-                max(1, options.workers), call, self.alo, timed=timed, sized=True, span=span
+                max(1, options.workers), call, self.alo, timed=timed, sized=True, span=span,
+                batch=batch,
             )
         low = min(options.min_in_flight, options.max_in_flight)
         adaptive = options.flow == "adaptive"

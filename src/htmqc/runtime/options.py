@@ -232,8 +232,8 @@ class RunOptions:
     redis_url: str | None = opt(None, "mirror backpressure into redis://host:port/db")
     log_format: str = opt("text", "log lines as text or json", choices=LOG_FORMATS)
     batch: bool = opt(
-        False, "exactly-once: the handler takes a list, handler(msgs, tx): one call per piece of "
-        "up to 250 messages in one sink scope (a failure re-runs the piece message by message)",
+        False, "the handler takes a list of one partition's messages, handler(msgs[, tx]); a "
+        "call that raises is run again one message per call",
     )
     otel: bool = opt(False, "OpenTelemetry spans (extra: otel)")
     retry_topic: bool = opt(

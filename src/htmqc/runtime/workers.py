@@ -295,13 +295,15 @@ class LanePool(Workers):
         timed: bool = False,
         sized: bool = False,
         span: BatchSpan | None = None,
+        batch: Callable[[Sequence[Any]], Any] | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
         super().__init__(workers, "htmqc-lane")
         self.outbox = outbox
         self._out = _ReportTo(self)
-        self._lanes = [Lane(call, timed=timed, sized=sized, span=span) for _ in range(workers)]
+        self._lanes = [Lane(call, timed=timed, sized=sized, span=span, batch=batch)
+                       for _ in range(workers)]
 
     def lane_of(self, key: Any) -> int:
         """The lane index of a message key."""
