@@ -126,7 +126,8 @@ class Baseline:
             chosen.update(by_line.get(n, ()))
         if not chosen or "" in chosen:
             return command
-        return replace(command, argv=(*PYTEST, *(str(ROOT / f) for f in sorted(chosen))))
+        return replace(command, argv=(*_options(command.argv),
+                                      *(str(ROOT / f) for f in sorted(chosen))))
 
 
 def argv_key(command: Command) -> str:
@@ -167,6 +168,24 @@ def baseline(mutated: Iterable[str], shadow: Shadow) -> Baseline:
             print(f"baseline {command.name:<12} {outcome.verdict:<8} {outcome.seconds:6.1f}s",
                   flush=True)
     return Baseline(seconds, lines, files)
+
+
+#: pytest options whose value follows them (kept with it when the paths are replaced).
+_VALUED = frozenset({"-m", "-k", "-p", "-o", "--ignore", "--deselect", "--rootdir"})
+
+
+def _options(argv: tuple[str, ...]) -> tuple[str, ...]:
+    """A pytest command line without its test paths (its options kept)."""
+    out: list[str] = []
+    rest = iter(argv)
+    for arg in rest:
+        if arg in _VALUED:
+            out += [arg, next(rest)]
+        elif arg.startswith(str(ROOT)):
+            continue  # a test path
+        else:
+            out.append(arg)
+    return tuple(out)
 
 
 def _is_pytest(command: Command) -> bool:

@@ -84,6 +84,8 @@ class Consumer:
         self._handler: Callable[..., Any] | None = None
         self._thread: threading.Thread | None = None
         self._stop: Callable[[], None] | None = None
+        self._began = False
+        self._lock = threading.Lock()
         self._finished: int | None = None
         self._error: BaseException | None = None
         if handler is not None:
@@ -104,17 +106,22 @@ class Consumer:
         self._handler = fn
         return fn
 
-    def _registered(self) -> Callable[..., Any]:
-        if self._handler is None:
-            raise UsageError("no handler registered", "decorate one with @consumer.handler")
-        if self._thread is not None or self._finished is not None:
-            raise UsageError("this consumer ran already", "build a new Consumer to run again")
-        return self._handler
+    def _begin(self) -> Callable[..., Any]:
+        """The handler, once: a consumer runs (or starts) one time, even after a failure."""
+        with self._lock:
+            if self._handler is None:
+                raise UsageError("no handler registered", "decorate one with @consumer.handler")
+            if self._began:
+                raise UsageError("this consumer ran already", "build a new Consumer to run again")
+            self._began = True
+            return self._handler
 
     def run(self) -> int:
         """Run on this thread until stopped; return the messages finished. On the
-        main thread SIGTERM and SIGINT stop it within ``shutdown_seconds``."""
-        engine, metrics = prepare(self._registered(), self.options)
+        main thread SIGTERM and SIGINT stop it within ``shutdown_seconds``; from any
+        thread, :meth:`stop` does. Logging is the application's: configure it as
+        usual (``log_level``/``log_format`` are ``htmqc run``'s)."""
+        engine, metrics = prepare(self._begin(), self.options)
         self._stop = engine.stop
         main = threading.current_thread() is threading.main_thread()
         self._finished = serve(engine, metrics, self.options, install_signals=main)
@@ -126,7 +133,7 @@ class Consumer:
 
         :raises UsageError: see :meth:`run`; raised here, before the thread starts.
         """
-        engine, metrics = prepare(self._registered(), self.options)
+        engine, metrics = prepare(self._begin(), self.options)
         self._stop = engine.stop
 
         def main() -> None:
@@ -143,17 +150,21 @@ class Consumer:
         """Whether :meth:`start`'s thread is still running."""
         return self._thread is not None and self._thread.is_alive()
 
-    def stop(self, timeout: float | None = None) -> int:
-        """Stop a started consumer as SIGTERM would (no new handler call, running ones
-        finish up to ``shutdown_seconds``, everything finished committed) and wait
-        for it; return the messages finished.
+    def stop(self, timeout: float | None = None) -> int | None:
+        """Stop the consumer as SIGTERM would (no new handler call, running ones
+        finish up to ``shutdown_seconds``, everything finished committed). Started
+        with :meth:`start`: wait for it and return the messages finished. Running
+        :meth:`run` on another thread: ask it to stop and return ``None`` at once
+        (``run()`` returns the count).
 
         :raises RuntimeFailure: it did not stop within ``timeout`` seconds.
-        :raises Exception: what ended the run, if it failed.
+        :raises Exception: what ended a started run, if it failed.
         """
-        if self._thread is None or self._stop is None:
-            raise UsageError("this consumer was not started", "call start() first")
+        if self._stop is None:
+            raise UsageError("this consumer is not running", "call start() or run() first")
         self._stop()
+        if self._thread is None:
+            return None
         self._thread.join(timeout)
         if self._thread.is_alive():
             raise RuntimeFailure(

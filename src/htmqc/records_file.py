@@ -6,18 +6,20 @@ Two formats:
   line's text exactly as written (UTF-8, without its line break), so a
   consumer gets the user's bytes, not a re-encoding. Blank lines are skipped.
   ``key_field`` names a top-level field of each line's object whose value is
-  the record's key: a string as its UTF-8 bytes, a number or boolean as its
-  JSON text. Every line must then be an object holding that field (not
-  ``null``).
+  the record's key: a string as its UTF-8 bytes, a number or boolean as
+  Python's JSON rendering of it (``1e2`` becomes ``100.0``). Every line must
+  then be an object holding that field (not ``null``).
 - ``lines``: every line is one record's value (without its line break; an
   empty line is an empty value); no keys.
 
 ``auto`` picks ``jsonl`` for ``.jsonl``, ``.ndjson`` and ``.json`` files and
 ``lines`` otherwise (also for standard input, ``-``).
 
-The whole file is read and checked before anything is sent: a bad line is a
-:class:`~htmqc.errors.UsageError` naming the file and line, and nothing of the
-file reaches the topic.
+The whole file is read and checked before anything is sent (a leading UTF-8
+byte order mark is dropped): a bad line, or a record over the producer's
+``message.max.bytes`` (:func:`check_sizes`), is a
+:class:`~htmqc.errors.UsageError` naming it, and nothing of the file reaches
+the topic.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ def read_records(path: str, fmt: str = "auto", key_field: str | None = None) -> 
         raise UsageError(
             f"cannot read {name}: {exc.strerror or exc}", "check the path passed to --from"
         ) from None
+    data = data.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark is not data
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()  # the final line break ends the last line; it starts no record
@@ -89,7 +92,26 @@ def _jsonl(name: str, lines: Iterable[bytes], key_field: str | None) -> Iterable
                 f"{where} is not JSON: {exc.msg} (column {exc.colno})",
                 "fix that line, or pass --format lines to send lines as they are",
             ) from None
+        except RecursionError:
+            raise UsageError(
+                f"{where} nests too deeply to parse", "flatten it, or pass --format lines"
+            ) from None
         yield _key(where, value, key_field), line
+
+
+def check_sizes(path: str, records: list[Record], limit: int) -> None:
+    """Refuse a record larger than ``limit`` bytes (key and value) before any is sent.
+
+    :raises UsageError: naming the first such record.
+    """
+    for number, (key, value) in enumerate(records, 1):
+        size = len(value) + len(key or b"")
+        if size > limit:
+            raise UsageError(
+                f"record {number} of {path} is {size:,} bytes, over the producer's "
+                f"message.max.bytes ({limit:,})",
+                "shorten it, or raise message.max.bytes with --kafka-config (and the topic's)",
+            )
 
 
 def _key(where: str, value: Any, key_field: str | None) -> bytes | None:

@@ -76,6 +76,16 @@ def test_bad_files_are_refused_naming_the_line(
         read_records(str(path), fmt, key_field)
 
 
+def test_a_byte_order_mark_is_not_data_and_deep_nesting_is_one_error(tmp_path: Path) -> None:
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"a": 1}\n')
+    assert read_records(str(path)) == [(None, b'{"a": 1}')]
+    deep = tmp_path / "deep.jsonl"
+    deep.write_bytes(b"[" * 100_000 + b"]" * 100_000 + b"\n")
+    with pytest.raises(UsageError, match=r"deep\.jsonl line 1 nests too deeply"):
+        read_records(str(deep))
+
+
 def test_auto_format_follows_the_suffix() -> None:
     assert [resolve_format(p, "auto") for p in ("a.jsonl", "b.NDJSON", "c.json", "d.txt", "-")] \
         == ["jsonl", "jsonl", "jsonl", "lines", "lines"]
@@ -91,15 +101,19 @@ def test_auto_format_follows_the_suffix() -> None:
         (["--from", "{bad}", "--transactional", "--abort-every", "2"],
          "--abort-every writes test messages only"),
         (["--from", "{empty}"], "holds no records"),
+        (["--from", "{big}"], "record 2 of"),
+        (["--from", "{big}", "--kafka-config", "message.max.bytes=2000000"], "cannot reach"),
     ],
 )
 def test_produce_from_bad_input_is_one_line(tmp_path: Path, extra: list[str], text: str) -> None:
     (tmp_path / "two.txt").write_text("a\nb\n")
     (tmp_path / "empty.jsonl").write_text("\n\n")
+    (tmp_path / "big.txt").write_bytes(b"small\n" + b"x" * 1_000_001 + b"\n")
     extra = [a.replace("{bad}", str(tmp_path / "two.txt"))
-             .replace("{empty}", str(tmp_path / "empty.jsonl")) for a in extra]
+             .replace("{empty}", str(tmp_path / "empty.jsonl"))
+             .replace("{big}", str(tmp_path / "big.txt")) for a in extra]
     result = htmqc("produce", "--bootstrap", "127.0.0.1:1", "--topic", "t", *extra)
-    assert result.returncode == 2
+    assert result.returncode == (1 if text == "cannot reach" else 2)
     assert text in one_error_line(result)
 
 

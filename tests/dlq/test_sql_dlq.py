@@ -192,6 +192,8 @@ def test_list_plain_table_and_show(store: Store, capsys: pytest.CaptureFixture[s
             "invalid Kafka setting",
         ),
         (["list", "--sink", "sqlite:///{db}", "--poison"], "--kind poison"),
+        (["redrive", "--bootstrap", "127.0.0.1:1", "--topic", "t", "--dry-run", "--limit", "3"],
+         "--dry-run with --limit"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(

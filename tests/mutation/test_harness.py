@@ -149,7 +149,9 @@ def test_a_pytest_check_runs_only_the_test_files_that_reach_the_mutated_node() -
                       "", "k", True, "")
 
     narrowed = base.narrowed(unit, mutant(246, (246, 248)))
-    assert narrowed.argv == (*config.PYTEST, str(ROOT / "tests/core/test_a.py"),
+    ignored = tuple(a for a in unit.argv if a.endswith(("test_stateful.py", "gate.py")))
+    assert narrowed.argv == (*config.PYTEST, *(a for p in ignored for a in ("--ignore", p)),
+                             str(ROOT / "tests/core/test_a.py"),
                              str(ROOT / "tests/core/test_b.py"))
     assert narrowed.name == unit.name and kill.argv_key(narrowed) != key
     assert base.narrowed(unit, mutant(300, (300, 300))) == unit  # also ran at import: all
@@ -161,9 +163,12 @@ def test_a_pytest_check_runs_only_the_test_files_that_reach_the_mutated_node() -
 def test_the_baseline_charges_lines_to_test_files(tmp_path: Path) -> None:
     """The contexts plugin under coverage: lines of one test file apart from another's
     and from import time."""
-    (tmp_path / "mod.py").write_text("def f():\n    return 1\n\ndef g():\n    return 2\n")
+    (tmp_path / "mod.py").write_text(
+        "def f():\n    return 1\n\ndef g():\n    return 2\n\ndef h():\n    return 2\n")
     (tmp_path / "test_f.py").write_text("import mod\n\ndef test_f():\n    assert mod.f() == 1\n")
-    (tmp_path / "test_g.py").write_text("import mod\n\ndef test_g():\n    assert mod.g() == 2\n")
+    (tmp_path / "test_g.py").write_text(
+        "import mod, pytest\n\n@pytest.fixture(scope='session')\ndef shared():\n"
+        "    return mod.h()\n\ndef test_g(shared):\n    assert mod.g() == 2 == shared\n")
     data = tmp_path / "cov"
     subprocess.run(
         [sys.executable, "-m", "coverage", "run", f"--data-file={data}",
@@ -178,6 +183,7 @@ def test_the_baseline_charges_lines_to_test_files(tmp_path: Path) -> None:
     got = kill._by_test_file(data, shadow)[str(Path("src") / "mod.py")]
     assert got[2] == frozenset({"test_f.py"}) and got[5] == frozenset({"test_g.py"})
     assert got[1] == frozenset({""})  # the def: at import
+    assert got[8] == frozenset({""})  # in a session fixture: serves every file
 
 
 # -- equivalence ------------------------------------------------------------------------

@@ -4,6 +4,8 @@ when registered, ``run()`` and ``start()``/``stop()`` against a broker."""
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -15,7 +17,7 @@ import pytest
 import htmqc
 from htmqc import Consumer
 from htmqc.broker import Broker
-from htmqc.errors import UsageError
+from htmqc.errors import RuntimeFailure, UsageError
 from htmqc.produce import parse_id, produce
 from htmqc.runtime.options import SINK_DEFAULTS, RunOptions
 from tests.runtime.test_modes_broker import group_committed
@@ -24,6 +26,12 @@ BASE = {"bootstrap": "127.0.0.1:1", "topic": "t", "group": "g"}
 
 
 def test_import_htmqc_stays_light_and_exports_the_api() -> None:
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, htmqc; print('confluent_kafka' in sys.modules, "
+         "'htmqc.runtime' in sys.modules); htmqc.Consumer; print('htmqc.runtime' in sys.modules)"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()
+    assert loaded == ["False", "False", "True"]
     assert htmqc.Consumer is Consumer
     assert "Consumer" in htmqc.__all__ and "Message" in htmqc.__all__
     with pytest.raises(AttributeError):
@@ -82,8 +90,13 @@ def test_handlers_are_checked_when_registered() -> None:
         consumer.handler(handle)
     with pytest.raises(UsageError, match="no handler registered"):
         Consumer(**BASE).run()
-    with pytest.raises(UsageError, match="was not started"):
+    with pytest.raises(UsageError, match="is not running"):
         Consumer(**BASE).stop()
+    failing = Consumer(lambda msg: None, **BASE)  # 127.0.0.1:1: the broker is unreachable
+    with pytest.raises(RuntimeFailure):
+        failing.run()
+    with pytest.raises(UsageError, match="ran already"):
+        failing.start()
 
 
 @pytest.mark.broker
@@ -100,6 +113,27 @@ def test_run_blocks_until_max_messages_and_commits(broker: Broker, new_topic: An
     assert group_committed(broker.bootstrap, group, topic, 2) == 300
     with pytest.raises(UsageError, match="ran already"):
         consumer.run()
+
+
+@pytest.mark.broker
+def test_run_on_another_thread_is_stopped_by_stop(broker: Broker, new_topic: Any) -> None:
+    """An application runs ``run()`` on its own thread (no signals there) and ends it
+    with ``stop()`` from another: ``run()`` returns what it finished."""
+    topic = new_topic(partitions=1)
+    produce(broker.bootstrap, topic, 50, keys=5)
+    seen: list[int] = []
+    consumer = Consumer(lambda msg: seen.append(1), bootstrap=broker.bootstrap, topic=topic,
+                        group=f"api-{uuid.uuid4().hex[:6]}")
+    result: list[int] = []
+    thread = threading.Thread(target=lambda: result.append(consumer.run()))
+    thread.start()
+    deadline = time.monotonic() + 60
+    while len(seen) < 50:
+        assert time.monotonic() < deadline, f"handled {len(seen)} of 50"
+        time.sleep(0.05)
+    assert consumer.stop() is None
+    thread.join(30)
+    assert not thread.is_alive() and result == [50]
 
 
 @pytest.mark.broker

@@ -153,7 +153,27 @@ def test_at_least_once_batches_keep_key_order_and_isolate_a_failure(workers: int
     assert consumer.commits[(TOPIC, 0)][0] == 600 and consumer.commits[(TOPIC, 1)][0] == 600
 
 
-def test_a_batch_handler_must_take_a_list_in_either_mode() -> None:
-    options = RunOptions(bootstrap="f:1", topic=TOPIC, group="g", batch=True)
-    with pytest.raises(UsageError):
-        build_engine(lambda: None, options)
+def test_a_single_failing_message_is_called_once_per_attempt() -> None:
+    """A run of one message goes straight to the one-message call: a failure is not
+    run twice (once as a batch of one, once alone)."""
+    consumer = FakeConsumer.from_logs(make_logs(TOPIC, 1, 1, keys=1))
+    calls: list[list[int]] = []
+
+    def handle(msgs: list[Any]) -> None:
+        calls.append([m.offset() for m in msgs])
+        raise Permanent("bad")
+
+    opts = RunOptions(bootstrap="f:1", topic=TOPIC, group="g", batch=True, max_messages=1)
+    engine = Engine(handle, opts, consumer, producer_factory=FakeProducer, seed=1)
+    consumer.on_commit = engine.on_commit
+    engine.run(install_signals=False)
+    assert calls == [[0]]
+
+
+@pytest.mark.parametrize(("mode", "handler"), [
+    ("at-least-once", lambda msgs, tx: None), ("exactly-once", lambda msgs: None)])
+def test_a_batch_handler_has_the_modes_signature(mode: str, handler: Any) -> None:
+    options = RunOptions(bootstrap="f:1", topic=TOPIC, group="g", batch=True, mode=mode,
+                         sink="sqlite:///x.db")
+    with pytest.raises(UsageError, match="handler"):
+        build_engine(handler, options)

@@ -268,6 +268,13 @@ def run_redrive(args: argparse.Namespace) -> int:
     selection = _selection(args, source)
     where = args.topic or "their topics"
     if args.dry_run:
+        if args.limit is not None and isinstance(source, KafkaDlq):
+            _close(source)
+            raise UsageError(
+                "--dry-run with --limit cannot list what a Kafka DLQ's redrive would write "
+                "(it takes the first entries of all partitions as they arrive)",
+                "leave out --limit, or narrow with --partition/--offset-from/--offset-to",
+            )
         # The entries redrive would write: the selection's, not redriven yet.
         try:
             entries = list(source.entries(replace(selection, pending=True)))

@@ -14,7 +14,10 @@ from typing import Any
 from htmqc.config import parse_pairs, remember_secrets
 from htmqc.errors import UsageError
 from htmqc.produce import produce, validate
-from htmqc.records_file import FORMATS, read_records
+from htmqc.records_file import FORMATS, check_sizes, read_records
+
+#: librdkafka's default ``message.max.bytes``.
+MESSAGE_MAX_BYTES = 1_000_000
 
 _DESCRIPTION = """\
 Write numbered test messages to a topic and print one summary line.
@@ -88,8 +91,12 @@ def run(args: argparse.Namespace) -> int:
     records = None
     if args.source is not None:
         records = read_records(args.source, args.format, args.key_field)
+        name = "standard input" if args.source == "-" else args.source
         if not records:
-            raise UsageError(f"{args.source} holds no records", "pass a file with records")
+            raise UsageError(f"{name} holds no records", "pass a file with records")
+        limit = int(parse_pairs(args.kafka_config, "--kafka-config").get(
+            "message.max.bytes", MESSAGE_MAX_BYTES))
+        check_sizes(name, records, limit)
         if args.count is None:
             args.count = len(records)
     elif args.key_field is not None or args.format != "auto":

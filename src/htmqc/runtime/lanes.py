@@ -190,7 +190,7 @@ class Lane:
         known: tuple[list[int], int] | None,
         interrupt: Callable[[], bool] | None,
     ) -> int:
-        if self.batch is not None and not self._held and interrupt is None:
+        if self.batch is not None and len(msgs) > 1 and not self._held and interrupt is None:
             return self._run_batch(lease, msgs, report, known)
         if self.timed or self._held or interrupt is not None:
             return self._run_each(lease, msgs, report, interrupt)
