@@ -128,22 +128,31 @@ class Consumer:
         return self._finished
 
     def start(self) -> None:
-        """Check, connect, then run on a background thread (no signal handlers);
-        :meth:`stop` ends it.
+        """Check, connect, start the metrics server (if any), then run on a
+        background thread (no signal handlers); :meth:`stop` ends it.
 
-        :raises UsageError: see :meth:`run`; raised here, before the thread starts.
+        :raises UsageError: see :meth:`run`.
+        :raises Exception: what failed before the run began (the broker, the sink,
+            the metrics port): raised here, nothing left open.
         """
         engine, metrics = prepare(self._begin(), self.options)
         self._stop = engine.stop
+        ready = threading.Event()
 
         def main() -> None:
             try:
-                self._finished = serve(engine, metrics, self.options, install_signals=False)
+                self._finished = serve(engine, metrics, self.options, install_signals=False,
+                                       ready=ready)
             except BaseException as exc:  # re-raised by stop()
                 self._error = exc
 
         self._thread = threading.Thread(target=main, name="htmqc-consumer", daemon=True)
         self._thread.start()
+        while not ready.wait(0.05):
+            if not self._thread.is_alive():
+                self._thread.join()
+                assert self._error is not None
+                raise self._error
 
     @property
     def running(self) -> bool:

@@ -137,6 +137,30 @@ def test_run_on_another_thread_is_stopped_by_stop(broker: Broker, new_topic: Any
 
 
 @pytest.mark.broker
+def test_a_failure_before_the_run_is_raised_by_start(
+    broker: Broker, new_topic: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The metrics port is taken: start() raises (not stop(), later), and the consumer
+    it had connected is closed."""
+    import socket
+
+    from htmqc.runtime.loop import Engine
+
+    discarded: list[Engine] = []
+    original = Engine.discard
+    monkeypatch.setattr(Engine, "discard", lambda self: (discarded.append(self), original(self)))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        consumer = Consumer(lambda msg: None, bootstrap=broker.bootstrap,
+                            topic=new_topic(partitions=1), group=f"api-{uuid.uuid4().hex[:6]}",
+                            metrics_port=taken.getsockname()[1])
+        with pytest.raises(Exception, match=r"(?i)address|port|in use"):
+            consumer.start()
+    assert len(discarded) == 1 and not consumer.running
+
+
+@pytest.mark.broker
 def test_start_and_stop_exactly_once_from_a_thread(
     broker: Broker, new_topic: Any, tmp_path: Path
 ) -> None:

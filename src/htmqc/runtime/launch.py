@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -328,7 +329,12 @@ def prepare(handler: Callable[..., Any], options: RunOptions) -> tuple[Engine, M
 
 
 def serve(
-    engine: Engine, metrics: Metrics | None, options: RunOptions, *, install_signals: bool = True
+    engine: Engine,
+    metrics: Metrics | None,
+    options: RunOptions,
+    *,
+    install_signals: bool = True,
+    ready: threading.Event | None = None,
 ) -> int:
     """Run a prepared engine until it stops; return the messages finished.
 
@@ -337,7 +343,9 @@ def serve(
     (from the engine's last published snapshot: never waiting for its lock); with
     ``redis_url`` the backpressure state is mirrored into Redis
     (:mod:`htmqc.observe.redis_mirror`). ``install_signals``: SIGTERM and SIGINT
-    stop the engine (only possible on the main thread).
+    stop the engine (only possible on the main thread). ``ready`` is set once the
+    servers are up and the engine starts; if they fail first, the engine is
+    discarded (its consumer and sink closed) and the error raised.
     """
     from htmqc.observe import ObserveServer
     from htmqc.observe.redis_mirror import RedisMirror
@@ -345,6 +353,7 @@ def serve(
     source = engine.snapshot  # readers never wait for the engine's lock
     server: ObserveServer | None = None
     mirror: RedisMirror | None = None
+    running = False
     try:
         if metrics is not None:
             assert options.metrics_port is not None
@@ -356,7 +365,14 @@ def serve(
             mirror = RedisMirror(options.redis_url, options.group, source)
             mirror.start()
             log.info("mirroring backpressure to redis key %s", mirror.key)
+        running = True
+        if ready is not None:
+            ready.set()
         return engine.run(install_signals=install_signals)
+    except BaseException:
+        if not running:
+            engine.discard()
+        raise
     finally:
         if mirror is not None:
             mirror.stop()

@@ -48,6 +48,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import TopicPartition as KafkaTP
@@ -705,6 +706,15 @@ class Engine:
             self.await_(lambda: self.workers.idle, time.monotonic() + 1.0)
         if isinstance(self.core, TracingCore):
             self.core.close()
+
+    def discard(self) -> None:
+        """Close what was opened for an engine that will never run (its consumer and
+        sink): the caller failed between building it and :meth:`run`."""
+        with suppress(Exception):
+            self.consumer.close()
+        if self.sink is not None:
+            with suppress(Exception):
+                self.sink.close()
 
     def _close_threads(self) -> None:
         if self.eo is not None:
