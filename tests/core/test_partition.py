@@ -78,6 +78,10 @@ def test_an_empty_batch_without_end_changes_nothing(core: ConsumerCore) -> None:
         ([7, 6], None, "strictly increasing"),
         (range(9, 5, -1), None, "strictly increasing"),  # a range need not count up
         (range(9, 5, -2), None, "strictly increasing"),
+        # as many offsets as the span holds, yet not consecutive: the consecutive-batch
+        # shortcut must compare them all, not the ends
+        ([5, 7, 6, 8], None, "strictly increasing"),
+        ([5, 5, 7], None, "strictly increasing"),
         ([6, 8], 8, "not above the last offset"),
         ([], 4, "below next"),
     ],
