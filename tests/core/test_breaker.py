@@ -196,7 +196,7 @@ def test_bad_policies_are_refused() -> None:
     "name", ["failure_rate", "window", "first_backoff", "max_backoff", "backoff_factor",
              "probe_timeout"],
 )
-@pytest.mark.parametrize("bad", [math.nan, math.inf])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, 10**400])
 def test_non_finite_policy_doubles_are_refused(name: str, bad: float) -> None:
     with pytest.raises(ValueError, match=f"{name} must be finite"):
         BreakerPolicy(**{name: bad})

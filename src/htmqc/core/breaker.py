@@ -157,6 +157,14 @@ def _check_table() -> None:
 _check_table()
 
 
+def _finite(value: float) -> bool:
+    """Whether ``value`` is a finite double (an integer too large for one is not)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BreakerPolicy:
     """When to trip and how long to stay open (module docs: the defaults)."""
@@ -174,7 +182,7 @@ class BreakerPolicy:
         problems = []
         doubles = ("failure_rate", "window", "first_backoff", "max_backoff", "backoff_factor",
                    "probe_timeout")
-        infinite = [name for name in doubles if not math.isfinite(getattr(self, name))]
+        infinite = [name for name in doubles if not _finite(getattr(self, name))]
         if infinite:
             # NaN passes every comparison below (a NaN window broke the buckets' floor)
             problems.append(f"{', '.join(infinite)} must be finite")
