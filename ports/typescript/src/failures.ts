@@ -5,7 +5,7 @@
 // epochs and attempt counts are `bigint`; times, jitter, delays are IEEE-754
 // doubles (`number`), each `now + x` one rounded addition.
 
-import { FailureKind, RetryPolicy, TopicPartition } from "./core";
+import { FailureKind, RetryAt, RetryPolicy, TopicPartition } from "./core";
 
 /** A failure and the runtime's facts about it (§4b, "Inputs"). */
 export class Failure {
@@ -61,15 +61,8 @@ export function retryTopic(name: string, minDelay: number): RetryTopic {
 
 export type DeadLetterKind = "too_large" | "poison" | "permanent" | "failed";
 
-export interface FailureRetryAt {
-  readonly type: "RetryAt";
-  readonly tp: TopicPartition;
-  readonly epoch: bigint;
-  readonly offset: bigint;
-  /** The whole `attempts`. */
-  readonly attempt: bigint;
-  readonly at: number;
-}
+/** The core's own `RetryAt`; `attempt` is the whole `attempts`. */
+export type FailureRetryAt = RetryAt;
 
 export interface FailureDeadLetter {
   readonly type: "DeadLetter";
