@@ -16,7 +16,7 @@ LINTED := $(wildcard src tests model_checks proofs spec benchmarks examples)
 QUIET_PIP := { grep -v "^WARNING: Location 'file://" || true; }
 CROSSHAIR_TIMEOUT ?= 4
 
-.PHONY: help setup test test-fast lint typecheck pytest crosshair proofs tlc graph-replay spec-check conformance conformance-ts formal-tests verify verify-long mutate mutate-catalogue mutants test-kafka profile bench bench-peers bench-spark chaos-long demo clean
+.PHONY: help setup test test-fast lint typecheck pytest crosshair proofs tlc graph-replay spec-check conformance conformance-ts formal-tests verify verify-long mutate mutate-catalogue mutants test-kafka profile bench bench-peers bench-payments bench-spark chaos-long demo clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -115,10 +115,14 @@ bench: setup ## all benchmarks, the peers last, on Tansu and on Kafka (about 2 h
 	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.engine_bench
 	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.runtime_bench
 	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.runtime_bench --broker kafka
+	$(MAKE) bench-payments
 	PYSPARK_PYTHON=$(abspath $(PY)) SPARK_LOCAL_IP=127.0.0.1 $(PY) -m benchmarks.audit_bench --rows 10000000
 	$(MAKE) bench-spark
 	$(MAKE) bench-peers
 	$(MAKE) bench-peers PEERS_ARGS="--broker kafka"
+
+bench-payments: setup ## the payments workload into PostgreSQL on Kafka: a hand-written loop vs htmqc per-message vs batch
+	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.payments_bench --broker kafka
 
 bench-spark: setup ## Spark's kafka source vs htmqc-kafka vs a plain confluent-kafka loop, into noop (one run)
 	PYSPARK_PYTHON=$(abspath $(PY)) SPARK_LOCAL_IP=127.0.0.1 $(PY) -m benchmarks.spark_sources
