@@ -75,11 +75,13 @@ def assert_page_matches(dom: str, doc: dict) -> None:
         assert a["data-high"] == ("" if p["high"] is None else str(p["high"]))
         assert a["data-paused"] == str(p["paused"]).lower()
         assert ("paused" in a["class"].split()) == p["paused"]
-        assert row["segments"]["committed"] == p["committed"]
-        assert row["segments"]["done"] == p["processed"] - p["committed"]
-        assert row["segments"]["window"] == p["next"] - p["processed"]
-        end = max(p["next"], p["high"] or p["next"], p["committed"] + 1)
-        assert row["segments"]["unfetched"] == end - p["next"]
+        # The bar spans [committed, max(next, high)] (drawn to scale: test_page_scale).
+        end = max(p["next"], p["next"] if p["high"] is None else p["high"])
+        assert row["segments"] == {
+            "done": p["processed"] - p["committed"],
+            "window": p["next"] - p["processed"],
+            "unfetched": end - p["next"],
+        }
         want_marks = [(m["offset"], m["state"]) for m in p["in_flight"]]
         want_marks += [(o, "finished") for o in p["finished_above"]]
         assert row["marks"] == want_marks

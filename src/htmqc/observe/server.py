@@ -3,8 +3,11 @@
 Routes (GET and HEAD only; anything else is ``405``)::
 
     /metrics      Prometheus text format (from :class:`~htmqc.observe.metrics.Metrics`)
-    /state.json   the state document (:mod:`htmqc.observe.state`)
-    /state        the live page (``page.html``), refreshing from /state.json
+    /state.json   the state document (:mod:`htmqc.observe.state`), with ``health``
+                  (live and ready, asked at request time) when a ``health`` is given
+    /state        the live page (``page.html``), refreshing from /state.json: a bar
+                  per partition, to scale with an axis, sortable by lag; health and
+                  the circuit breaker
     /healthz      liveness: 200 ``ok``, or 503 and the reason (``health.live()``)
     /readyz       readiness: 200 ``ready``, or 503 and the reason (``health.ready()``)
 
@@ -38,7 +41,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from htmqc.errors import RuntimeFailure
 from htmqc.observe.metrics import Metrics
-from htmqc.observe.state import StateSource
+from htmqc.observe.state import StateSource, health_state
 
 #: Largest request head accepted, bytes.
 MAX_HEAD = 16 * 1024
@@ -227,14 +230,20 @@ class ObserveServer:
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
+    def _state_json(self) -> bytes:
+        """``/state.json``: the source's document, plus ``health`` (asked now) when
+        the server has a ``health`` (:func:`~htmqc.observe.state.health_state`).
+        The source's document is never modified (a snapshot is shared)."""
+        doc = self.source.state()
+        health = self.health
+        if health is not None:
+            doc = {**doc, "health": health_state(health.live(), health.ready())}
+        return json.dumps(doc, separators=(",", ":")).encode()
+
     def _routes(self) -> dict[str, tuple[str, Any]]:
-        source = self.source
         page = _page()
         routes: dict[str, tuple[str, Any]] = {
-            "/state.json": (
-                "application/json",
-                lambda: json.dumps(source.state(), separators=(",", ":")).encode(),
-            ),
+            "/state.json": ("application/json", self._state_json),
             "/state": ("text/html; charset=utf-8", lambda: page),
             "/": ("text/html; charset=utf-8", lambda: page),
         }

@@ -41,8 +41,23 @@ Schema (version 1)
       "flow": {"window": 1000, "limit": 1000, "max_in_flight": 10000,
                "min_window": 16, "max_window": 10000, "paused": false} | null,
       "dlq": {"failed": 2, "poison": 1},    # messages dead-lettered, by kind
-      "extra": {...}                        # free-form, JSON-ready, from the runtime
+      "extra": {...},                       # free-form, JSON-ready, from the runtime
+      "health": {"live":  {"ok": true,  "reason": ""},            # only from the HTTP
+                 "ready": {"ok": false, "reason": "no partitions assigned"}}  # server
     }
+
+``extra`` is the runtime's; the engine (:meth:`htmqc.runtime.loop.Engine.state_source`)
+puts, among others, ``"breaker"`` there: the circuit breaker's
+:meth:`~htmqc.core.breaker.Breaker.snapshot` (``state``: ``Closed``, ``Open``,
+``HalfOpen`` or ``Probing``; ``reason``, ``error_class``, ``trips``, ``held_for``
+seconds, ``window_calls``, ``window_failures``...), which ``/metrics`` and the page read.
+
+``health`` is not made here: :class:`~htmqc.observe.server.ObserveServer` adds it
+to ``/state.json`` (with :func:`health_state`) when it was given a ``health``, asking
+``live()`` and ``ready()`` at request time, exactly as ``/healthz`` and ``/readyz``
+do. A document published by the poll loop could not say that the poll loop
+stopped; the server, answering from its own thread, can. Without a ``health`` the
+key is absent (and the page says "not reported").
 
 Invariant carried over from the core: ``committed <= processed <= next`` and every
 in-flight or finished-above offset lies in ``[processed, next)``.
@@ -85,6 +100,15 @@ def flow_state(flow: FlowWindow) -> dict[str, Any]:
         "min_window": p.min_window,
         "max_window": p.max_window,
         "paused": flow.paused,
+    }
+
+
+def health_state(live: tuple[bool, str], ready: tuple[bool, str]) -> dict[str, Any]:
+    """The ``health`` entry of the document (module docs) from the answers of
+    ``live()`` and ``ready()`` (each ``(ok, reason)``; the reason is dropped when ok)."""
+    return {
+        name: {"ok": bool(ok), "reason": "" if ok else str(reason)}
+        for name, (ok, reason) in (("live", live), ("ready", ready))
     }
 
 
