@@ -155,8 +155,9 @@ class SinkTransaction(Protocol):
 
     def dead_letter(self, topic: str, msg: Message, info: DeadLetterInfo) -> None:
         """Write ``msg``'s dead letter (``info``) in this transaction, in its own
-        message scope: a record on ``info.target(topic)`` for the Kafka sink, a
-        row of the dead-letter table for SQL sinks."""
+        message scope, to :meth:`Sink.dead_letter_destination`: a record on
+        ``info.target(topic)`` for the Kafka sink, a row of the dead-letter
+        table for SQL sinks."""
         ...
 
     def forward(self, topic: str, msg: Message, headers: Headers) -> None:
@@ -180,6 +181,14 @@ class Sink(Protocol):
 
     def open(self, group: str) -> None:
         """Connect and create the sink's tables if missing (idempotent)."""
+        ...
+
+    def dead_letter_destination(self, topic: str, info: DeadLetterInfo) -> str:
+        """Where this sink's transactions write ``info``'s dead letter of a
+        message from ``topic`` (:meth:`SinkTransaction.dead_letter`), as log
+        lines name it: the DLQ topic (``info.target(topic)``) for the Kafka
+        sink; ``<database> table <prefix>dead_letters`` (the URL with any
+        password redacted) for SQL sinks. Pure: callable from any thread."""
         ...
 
     def bind(self, consumer: ConsumerPort) -> None:

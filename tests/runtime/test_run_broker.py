@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -48,6 +49,18 @@ def htmqc_run(
         )
     with log.open("ab") as out:  # the child keeps its own descriptor
         return subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def logged(text: str, part: str) -> int:
+    """How many lines with ``part`` a run logged (``text``: its log), the ones
+    the rate limit held back included: each of its summary lines stands for the
+    ``(suppressed K similar lines ...)`` it says (see :class:`htmqc.logs.RateLimit`)."""
+    total = 0
+    for line in text.splitlines():
+        if part in line:
+            held = re.search(r"\(suppressed (\d+) similar lines in the last \d+ s\)", line)
+            total += int(held.group(1)) if held else 1
+    return total
 
 
 def stored(db: Path) -> int:

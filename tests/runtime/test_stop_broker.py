@@ -27,7 +27,7 @@ from htmqc.broker import Broker
 from htmqc.produce import produce
 from htmqc.sinks.encoding import decode_finished, decode_metadata
 from tests.runtime.test_modes_broker import kafka_args, read_ids
-from tests.runtime.test_run_broker import finish, htmqc_run, wait_for
+from tests.runtime.test_run_broker import finish, htmqc_run, logged, wait_for
 
 # Exit deadlines and poll gaps, measured: another test's load would decide them.
 pytestmark = [pytest.mark.broker, pytest.mark.serial]
@@ -225,7 +225,7 @@ def test_an_async_handler_sends_into_its_message_scope_kafka_to_kafka(
     assert finish(proc, 90) == 0, log.read_text()[-2000:]
     # (the first failure in a piece run in one scope is not logged: the piece is
     # undone and run again message by message)
-    assert log.read_text().count("handler failed") >= n // 14
+    assert logged(log.read_text(), "handler failed") >= n // 14
     ids = Counter(read_ids(broker.bootstrap, out, 2, n, 30))
     assert sorted(ids) == list(range(n)), "lost output"
     assert [i for i, c in ids.items() if c > 1] == [], "a failed attempt's send was kept"

@@ -18,13 +18,17 @@ the :class:`~htmqc.core.Commit` values to a *delivery*:
   idle and a transaction period passed (so progress over gaps and dead letters
   is stored too), and commits on demand (revoke, shutdown) within a bound.
 
-Dead letters carry a :class:`~htmqc.dlq.record.DeadLetterInfo` and go to
-``info.target(topic)`` (``<topic>.dlq``, or ``<topic>.dlq.poison``) with the
-headers of :mod:`htmqc.dlq.headers`: at-least-once writes them with a producer
-and waits for the broker's ack before the core hears ``dead_lettered``;
-exactly-once writes them in the sink transaction
-(:meth:`~htmqc.ports.SinkTransaction.dead_letter`), so a message ends with its
-effect or its dead letter, never neither and never both.
+Dead letters carry a :class:`~htmqc.dlq.record.DeadLetterInfo`. At-least-once
+writes them to ``info.target(topic)`` (``<topic>.dlq``, or
+``<topic>.dlq.poison``) with the headers of :mod:`htmqc.dlq.headers`, with a
+producer, and waits for the broker's ack before the core hears
+``dead_lettered``; exactly-once writes them in the sink transaction
+(:meth:`~htmqc.ports.SinkTransaction.dead_letter`: the same topics for a Kafka
+sink, a row of the dead-letter table for a database sink), so a message ends
+with its effect or its dead letter, never neither and never both. Where a dead
+letter goes is said by ``dead_letter_destination`` of whatever writes it
+(:meth:`AtLeastOnce.dead_letter_destination`,
+:meth:`~htmqc.ports.Sink.dead_letter_destination`).
 """
 
 from __future__ import annotations
@@ -122,7 +126,14 @@ class AtLeastOnce:
         :raises RuntimeFailure: the dead letter could not be written (the message
             then stays unfinished, so nothing is committed past it).
         """
-        self.send(info.target(topic), msg.value(), msg.key(), dlq_headers(msg, info))
+        self.send(
+            self.dead_letter_destination(topic, info), msg.value(), msg.key(),
+            dlq_headers(msg, info),
+        )
+
+    def dead_letter_destination(self, topic: str, info: DeadLetterInfo) -> str:
+        """The DLQ topic of ``info`` (:meth:`DeadLetterInfo.target`)."""
+        return info.target(topic)
 
     def forward(self, topic: str, msg: Message, headers: Headers) -> None:
         """Write ``msg`` to ``topic`` (the retry topic) and wait for the ack."""

@@ -35,6 +35,7 @@ from htmqc.core.gate import Hold
 from htmqc.core.poison import PoisonDetector
 from htmqc.core.retry import Permanent
 from htmqc.dlq.record import DeadLetterInfo
+from htmqc.logs import describe, error_text
 from htmqc.runtime.lanes import Lease
 from htmqc.runtime.retry_topic import prior_attempts, retry_headers
 
@@ -107,13 +108,17 @@ class Failures:
         if decision is None:
             return
         e.stats.failed(tp)
+        attempt = decision.attempts if isinstance(decision, DeadLetter) else decision.attempt
+        error = describe(exc)
         log.warning(
-            "handler failed on %s/%d@%d: %s",
+            "handler failed on %s/%d@%d (attempt %d): %s",
             tp[0],
             tp[1],
             offset,
-            type(exc).__name__,
-            extra={"topic": tp[0], "partition": tp[1], "offset": offset},
+            attempt,
+            error,
+            extra={"topic": tp[0], "partition": tp[1], "offset": offset,
+                   "error": error, "attempt": attempt},
         )
         if isinstance(decision, RetryAt):
             if e.metrics is not None:
@@ -181,14 +186,19 @@ class Failures:
         tp, offset = lease.tp, msg.offset()
         if self._left(lease, msg):
             e.stats.dead_lettered(tp, info.kind)
+        destination = e.workers.dead_letter_destination(e.options.topic, info)
+        error = error_text(info.error_class, info.error_message)
         log.warning(
-            "dead-lettered %s/%d@%d to %s: %s",
+            "dead-lettered %s/%d@%d to %s (%s): %s",
             tp[0],
             tp[1],
             offset,
-            info.target(e.options.topic),
+            destination,
             info.kind,
-            extra={"topic": tp[0], "partition": tp[1], "offset": offset},
+            error,
+            extra={"topic": tp[0], "partition": tp[1], "offset": offset,
+                   "error": error, "attempt": info.retries + 1,
+                   "destination": destination},
         )
 
     def moved(self, lease: Lease, msg: Any) -> None:

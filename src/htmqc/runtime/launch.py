@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import importlib
 import logging
-import re
 import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from htmqc.core.retry import FailureKind
 from htmqc.dlq.record import dlq_topic, poison_topic
 from htmqc.errors import RuntimeFailure, UsageError
+from htmqc.logs import LIBRDKAFKA_LOGGER, flush_repeats, limit_repeats
 from htmqc.runtime.handlers import check_handler
 from htmqc.runtime.loop import Engine
 from htmqc.runtime.options import EXACTLY_ONCE, RunOptions
@@ -158,6 +157,7 @@ def build_engine(
     from htmqc.sinks import open_sink
 
     check_handler(handler, options.mode)
+    limit_repeats()  # htmqc's and librdkafka's repeated lines (htmqc.logs)
     if options.mode == EXACTLY_ONCE and not options.sink:
         raise UsageError(
             "exactly-once needs a sink",
@@ -258,40 +258,12 @@ _CONSUMER_ONLY = (
 )
 
 
-class _Repeats(logging.Filter):
-    """Lets a librdkafka log line through once per :data:`REPEAT_SECONDS` for each
-    text (numbers left out: ports, counts and times vary), with how many were
-    dropped. A broker that is down makes librdkafka say ``Connection refused``
-    several times a second, for ever."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._last: dict[str, tuple[float, int]] = {}
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        key = re.sub(r"\d+", "#", record.getMessage())
-        now = time.monotonic()
-        last = self._last.get(key)
-        if last is not None and now - last[0] < REPEAT_SECONDS:
-            self._last[key] = (last[0], last[1] + 1)
-            return False
-        if last is not None and last[1]:
-            record.msg = f"{record.getMessage()} ({last[1]} more like it)"
-            record.args = ()
-        self._last[key] = (now, 0)
-        return True
-
-
-#: Seconds between two equal librdkafka log lines.
-REPEAT_SECONDS = 30.0
-
-
 def librdkafka_logger() -> logging.Logger:
-    """The logger librdkafka's own lines go to (``htmqc.librdkafka``), rate-limited."""
-    logger = logging.getLogger("htmqc.librdkafka")
-    if not any(isinstance(f, _Repeats) for f in logger.filters):
-        logger.addFilter(_Repeats())
-    return logger
+    """The logger librdkafka's own lines go to (``htmqc.librdkafka``, as
+    confluent-kafka's ``logger`` setting), rate-limited with htmqc's own loggers
+    by :func:`htmqc.logs.limit_repeats`."""
+    limit_repeats()
+    return logging.getLogger(LIBRDKAFKA_LOGGER)
 
 
 def producer_overrides(config: dict[str, Any]) -> dict[str, Any]:
@@ -378,3 +350,4 @@ def serve(
             mirror.stop()
         if server is not None:
             server.stop()
+        flush_repeats()  # the count of every line held back, before the run ends

@@ -102,7 +102,11 @@ class Outbox(Protocol):
     """Where a lane writes what leaves a partition without an effect."""
 
     def dead_letter(self, topic: str, msg: Message, info: DeadLetterInfo) -> None:
-        """Write ``msg``'s dead letter (to ``info.target(topic)``) durably."""
+        """Write ``msg``'s dead letter durably, to :meth:`dead_letter_destination`."""
+
+    def dead_letter_destination(self, topic: str, info: DeadLetterInfo) -> str:
+        """Where :meth:`dead_letter` writes ``info``'s dead letter of a message
+        from ``topic`` (the DLQ topic)."""
 
     def forward(self, topic: str, msg: Message, headers: Headers) -> None:
         """Write ``msg`` to ``topic`` with ``headers`` durably (the retry topic)."""
@@ -282,6 +286,13 @@ class Workers(ABC):
     def end(self, lease: Lease) -> None:
         """Forget what is parked under the (ended) ``lease``."""
 
+    @abstractmethod
+    def dead_letter_destination(self, topic: str, info: DeadLetterInfo) -> str:
+        """Where :meth:`dead_letter` writes ``info``'s dead letter of a message
+        from ``topic``, as the log line names it: asked of whatever writes it
+        (the outbox's DLQ topic, or the sink's topic or table), so the line
+        and the write cannot disagree."""
+
 
 class LanePool(Workers):
     """At-least-once: ``workers`` lanes on as many threads (module docs)."""
@@ -334,6 +345,9 @@ class LanePool(Workers):
     def end(self, lease: Lease) -> None:
         for i in range(len(self._lanes)):
             self.send(i, ("drop", lease))
+
+    def dead_letter_destination(self, topic: str, info: DeadLetterInfo) -> str:
+        return self.outbox.dead_letter_destination(topic, info)
 
     def handle(self, index: int, command: tuple[Any, ...]) -> None:
         lane, out = self._lanes[index], self._out
@@ -443,6 +457,9 @@ class TransactionWorker(Workers):
 
     def end(self, lease: Lease) -> None:
         self.send(0, ("drop", lease))
+
+    def dead_letter_destination(self, topic: str, info: DeadLetterInfo) -> str:
+        return self.sink.dead_letter_destination(topic, info)
 
     # -- the worker's side -----------------------------------------------------------
 

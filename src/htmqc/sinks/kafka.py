@@ -177,6 +177,10 @@ class KafkaSink:
         fences its predecessor's producer."""
         return f"htmqc-{self.group}-{self.member_id}"
 
+    def dead_letter_destination(self, topic: str, info: DeadLetterInfo) -> str:
+        """The DLQ topic of ``info``: ``info.target(topic)``."""
+        return info.target(topic)
+
     def bind(self, consumer: ConsumerPort) -> None:
         """Give the sink the runtime's ``confluent_kafka.Consumer`` (needed by
         ``claim`` and ``commit``). Call before the first ``claim``."""
@@ -428,10 +432,12 @@ class KafkaTransaction:
         return scope[1] if scope is not None and scope[0] is self else None
 
     def dead_letter(self, topic: str, msg: Message, info: DeadLetterInfo) -> None:
-        """The dead letter as a record on ``info.target(topic)``, in its own scope."""
+        """The dead letter as a record on the DLQ topic
+        (:meth:`KafkaSink.dead_letter_destination`), in its own scope."""
+        destination = self._sink.dead_letter_destination(topic, info)
         with self.message():
             self.handle.send(
-                info.target(topic), msg.value(), key=msg.key(), headers=dlq_headers(msg, info)
+                destination, msg.value(), key=msg.key(), headers=dlq_headers(msg, info)
             )
 
     def forward(self, topic: str, msg: Message, headers: Headers) -> None:

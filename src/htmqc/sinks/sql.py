@@ -129,6 +129,11 @@ class SqlSink(ABC):
 
     # -- Sink --------------------------------------------------------------------------
 
+    def dead_letter_destination(self, topic: str, info: DeadLetterInfo) -> str:
+        """``<display> table <prefix>dead_letters``: the database (password
+        redacted) and the table :meth:`SqlTransaction.dead_letter` writes to."""
+        return f"{self.display} table {self.dead_letters_table}"
+
     def open(self, group: str) -> None:
         """Connect (once) and create the positions table if missing."""
         if not group:
