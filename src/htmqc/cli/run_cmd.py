@@ -11,11 +11,15 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from htmqc.config import parse_pairs, redacted, resolve
 from htmqc.logs import setup as setup_logging
-from htmqc.runtime.options import OPTIONS, REQUIRED_VALUE
+from htmqc.runtime.options import OPTIONS, REQUIRED_VALUE, RunOptions
+
+#: Attributes of the parsed command line that are not :class:`RunOptions` fields.
+_NOT_OPTIONS = frozenset({"kafka_config", "config", "func", "log_level"})
 
 
 def register(subparsers: Any) -> None:
@@ -64,6 +68,22 @@ def current_directory_on_path() -> None:
         sys.path.insert(0, cwd)
 
 
+def options_of(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> RunOptions:
+    """The options ``htmqc run`` runs with, from its parsed command line ``args``,
+    the ``HTMQC_*`` variables of ``environ`` (default: the process's) and the
+    ``--config`` file (:func:`htmqc.config.resolve`).
+
+    :raises UsageError: a missing or invalid option.
+    """
+    cli = {k: v for k, v in vars(args).items() if k not in _NOT_OPTIONS}
+    return resolve(
+        cli,
+        parse_pairs(args.kafka_config, "--kafka-config"),
+        config_file=args.config,
+        environ=environ,
+    )
+
+
 def main(args: argparse.Namespace) -> int:
     """Resolve the options and run."""
     from htmqc.api import Consumer
@@ -72,14 +92,7 @@ def main(args: argparse.Namespace) -> int:
 
     current_directory_on_path()
 
-    cli = {
-        k: v
-        for k, v in vars(args).items()
-        if k not in {"kafka_config", "config", "func", "log_level"}
-    }
-    options = resolve(
-        cli, parse_pairs(args.kafka_config, "--kafka-config"), config_file=args.config
-    )
+    options = options_of(args)
     setup_logging(args.log_level, options.log_format)
     logging.getLogger("htmqc.runtime").info(
         "run %s on %s/%s group %s mode %s sink %s kafka %s",
