@@ -1,5 +1,6 @@
 """The example applications, run as a user would: ``python -m examples.payments`` into
-SQLite and PostgreSQL across a SIGKILL, ``htmqc run examples.enrich:tier`` Kafka→Kafka."""
+SQLite and PostgreSQL across a SIGKILL, ``htmqc run examples.enrich:tier`` Kafka→Kafka,
+``htmqc run examples.http_score:score`` (async, rate-limited HTTP calls)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 import uuid
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import closing
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -134,3 +139,76 @@ def test_enrichment_kafka_to_kafka(broker: Broker, new_topic: Any) -> None:
         assert key == event["account"].encode()
         assert event["tier"] == tier_of(event["amount"])
     assert {tier_of(1), tier_of(10_000), tier_of(2_000_000)} == {"small", "medium", "large"}
+
+
+class ScoringService:
+    """A stand-in for the HTTP service of :mod:`examples.http_score`: records each
+    request's arrival time and body; answers 400 to ``p-bad`` events and 503 to
+    the first try of ``p-7``."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[float, bytes]] = []
+        self.lock = threading.Lock()
+        service = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["content-length"]))
+                with service.lock:
+                    service.requests.append((time.monotonic(), body))
+                    first_try = sum(b == body for _, b in service.requests) == 1
+                event = json.loads(body) if body.startswith(b"{") else {}
+                status = (400 if event.get("id") == "p-bad" or not event
+                          else 503 if event.get("id") == "p-7" and first_try else 200)
+                self.send_response(status)
+                self.send_header("content-length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/score"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def ids(self) -> Counter[str]:
+        with self.lock:
+            bodies = [b for _, b in self.requests]
+        return Counter(json.loads(b)["id"] for b in bodies if b.startswith(b"{")
+                       and "id" in json.loads(b))
+
+
+def test_async_http_handler_keeps_the_rate_and_dead_letters_refusals(
+    broker: Broker, new_topic: Any
+) -> None:
+    n, rate = 300, 100.0
+    topic = new_topic(partitions=4)
+    records = [(f"acct-{i % 40}".encode(), json.dumps({"id": f"p-{i}", "account": f"acct-{i % 40}",
+                                                       "amount": i + 1}).encode())
+               for i in range(n)]
+    produce(broker.bootstrap, topic, n + len(MALFORMED), records=records + MALFORMED)
+    service = ScoringService()
+    try:
+        proc = htmqc_run(broker.bootstrap, topic, "examples.http_score:score", "--group",
+                         f"score-{uuid.uuid4().hex[:6]}", "--workers", "8",
+                         "--backoff-ms", "50", "--idle-exit", "3",
+                         env={"SCORE_URL": service.url, "SCORE_RATE": str(rate)})
+        assert finish(proc, 120) == 0
+        ids = service.ids()
+        # Every event reached the service; p-7 twice (its 503 was retried).
+        assert set(ids) >= {f"p-{i}" for i in range(n)}
+        assert ids["p-7"] >= 2
+        assert ids["p-bad"] == 1  # a 4xx is permanent: never tried again
+        # The rate held with eight requests in flight: no one-second window saw more
+        # than `rate` requests plus the bucket's burst of one.
+        times = sorted(t for t, _ in service.requests)
+        busiest = max(bisect_right(times, t + 1.0) - i for i, t in enumerate(times))
+        assert busiest <= rate + 1, busiest
+        assert times[-1] - times[0] >= (len(times) - 1) / rate - 0.05
+    finally:
+        service.server.shutdown()
+        service.server.server_close()
+    # The two events the service refused (4xx) were dead-lettered, not retried.
+    dead = read_all(broker.bootstrap, f"{topic}.dlq")
+    assert sorted(r.value for r in dead) == sorted(v for _k, v in MALFORMED)
