@@ -31,23 +31,26 @@ whose signature does not fit the mode, when it is registered.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from htmqc.config import FIELDS, resolve
 from htmqc.errors import RuntimeFailure, UsageError
-from htmqc.runtime.handlers import check_handler
+from htmqc.runtime.handlers import by_topic, check_handler
 from htmqc.runtime.launch import prepare, serve
 from htmqc.runtime.options import RunOptions
+from htmqc.runtime.subscription import Subscription
 
 Handler = TypeVar("Handler", bound=Callable[..., Any])
 
 
 class Consumer:
-    """One consumer group member with one handler (module docs).
+    """One consumer group member (module docs).
 
-    ``handler``: the handler, or register it later with :meth:`handler`.
+    ``handler``: the handler, or register it later with :meth:`handler` (one per
+    topic if ``topic`` lists several).
     ``**options``: ``htmqc run``'s options by their Python names.
 
     :raises UsageError: an unknown or invalid option, a missing required one.
@@ -81,7 +84,7 @@ class Consumer:
 
     def _init(self, options: RunOptions, handler: Callable[..., Any] | None) -> None:
         self.options = options
-        self._handler: Callable[..., Any] | None = None
+        self._handlers: dict[str | None, Callable[..., Any]] = {}
         self._thread: threading.Thread | None = None
         self._stop: Callable[[], None] | None = None
         self._began = False
@@ -91,30 +94,76 @@ class Consumer:
         if handler is not None:
             self.handler(handler)
 
-    def handler(self, fn: Handler) -> Handler:
-        """Register ``fn`` as the handler (usable as a decorator); returns it.
+    @overload
+    def handler(self, fn: Handler, *, topic: str | None = None) -> Handler: ...
 
-        :raises UsageError: a handler is registered already, or ``fn`` cannot be
-            called the way the mode calls it (``handler(msg)`` at-least-once,
-            ``handler(msg, tx)`` exactly-once).
+    @overload
+    def handler(self, *, topic: str | None = None) -> Callable[[Handler], Handler]: ...
+
+    def handler(
+        self, fn: Handler | None = None, *, topic: str | None = None
+    ) -> Handler | Callable[[Handler], Handler]:
+        """Register ``fn`` as the handler (usable as a decorator, bare or as
+        ``@consumer.handler(topic="refunds")``); returns it.
+
+        ``topic``: ``fn`` handles that topic's messages only (one of ``--topic``'s,
+        or any a pattern matches); a handler without ``topic`` handles the rest.
+        Handlers of one consumer are all ``def`` or all ``async def``.
+
+        :raises UsageError: a handler is registered already for ``topic`` (or as
+            the default), ``topic`` is not one the consumer reads, or ``fn``
+            cannot be called the way the mode calls it (``handler(msg)``
+            at-least-once, ``handler(msg, tx)`` exactly-once).
         """
-        if self._handler is not None:
+        if fn is None:
+            return lambda f: self.handler(f, topic=topic)
+        if topic in self._handlers:
+            where = f"for topic {topic!r}" if topic is not None else "(the default)"
             raise UsageError(
-                "this consumer has a handler already", "build one Consumer per handler"
+                f"this consumer has a handler already {where}",
+                "register one handler per topic, and at most one without a topic",
+            )
+        subscription = Subscription.parse(self.options.topic)
+        if topic is not None and not (
+            topic in subscription.topics or (subscription.pattern and subscription.wants(topic)
+                                             and re.search(subscription.topics[0], topic))
+        ):
+            raise UsageError(
+                f"topic {topic!r} is not one this consumer reads (--topic {self.options.topic!r})",
+                "add it to topic=, or register the handler without a topic",
             )
         check_handler(fn, self.options.mode)
-        self._handler = fn
+        self._handlers[topic] = fn
         return fn
 
     def _begin(self) -> Callable[..., Any]:
         """The handler, once: a consumer runs (or starts) one time, even after a failure."""
         with self._lock:
-            if self._handler is None:
+            if not self._handlers:
                 raise UsageError("no handler registered", "decorate one with @consumer.handler")
             if self._began:
                 raise UsageError("this consumer ran already", "build a new Consumer to run again")
+            default = self._handlers.get(None)
+            per_topic = {t: fn for t, fn in self._handlers.items() if t is not None}
+            if not per_topic:
+                assert default is not None
+                handler = default
+            else:
+                subscription = Subscription.parse(self.options.topic)
+                missing = [t for t in subscription.topics if t not in per_topic]
+                if default is None and subscription.pattern:
+                    raise UsageError(
+                        "per-topic handlers on a pattern need a default for the other topics "
+                        "it matches", "register a handler without topic= too",
+                    )
+                if default is None and missing:
+                    raise UsageError(
+                        f"no handler for topic {missing[0]!r}",
+                        "register one with topic=, or a default handler without topic=",
+                    )
+                handler = by_topic(per_topic, default)
             self._began = True
-            return self._handler
+            return handler
 
     def run(self) -> int:
         """Run on this thread until stopped; return the messages finished. On the

@@ -148,7 +148,7 @@ class Failures:
             group=e.options.group,
         )
         # Dead letters of the retry topic's records go to the main topic's DLQ.
-        e.workers.dead_letter(lease, msg, info, e.options.topic)
+        e.workers.dead_letter(lease, msg, info, e.source_of(lease.tp[0]))
 
     def breaker_event(self, event: BreakerEvent | None) -> None:
         """Report a change of the breaker's state (log line, metric) and hold or
@@ -186,7 +186,7 @@ class Failures:
         tp, offset = lease.tp, msg.offset()
         if self._left(lease, msg):
             e.stats.dead_lettered(tp, info.kind)
-        destination = e.workers.dead_letter_destination(e.options.topic, info)
+        destination = e.workers.dead_letter_destination(e.source_of(tp[0]), info)
         error = error_text(info.error_class, info.error_message)
         log.warning(
             "dead-lettered %s/%d@%d to %s (%s): %s",

@@ -36,12 +36,16 @@ import contextvars
 import functools
 import inspect
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from concurrent.futures import Future
 from typing import Any
 
 from htmqc.errors import UsageError
 from htmqc.runtime.options import EXACTLY_ONCE
+from htmqc.runtime.retry_topic import retry_topic
+
+#: What a retry topic's name adds to its source topic's.
+RETRY_SUFFIX = retry_topic("")
 
 #: The arguments each mode passes, for the error messages.
 _CALLS = {EXACTLY_ONCE: "handler(msg, tx)"}
@@ -96,6 +100,49 @@ def is_async(handler: Callable[..., Any]) -> bool:
     if inspect.isfunction(target) or inspect.ismethod(target) or not callable(target):
         return False
     return inspect.iscoroutinefunction(type(target).__call__)
+
+
+def by_topic(
+    handlers: Mapping[str, Callable[..., Any]], default: Callable[..., Any] | None
+) -> Callable[..., Any]:
+    """One handler that calls ``handlers[topic]`` for a message (or a batch, whose
+    messages share one partition) of ``topic``, else ``default``; a message of a
+    retry topic goes to its source topic's handler. All ``def`` or all ``async
+    def`` (the runtime calls one kind per consumer).
+
+    :raises UsageError: ``def`` and ``async def`` handlers mixed, or none given.
+    """
+    table = dict(handlers)
+    every = [*table.values(), *([default] if default is not None else [])]
+    if not every:
+        raise UsageError("no handler registered", "register one per topic, or a default")
+    if len({is_async(fn) for fn in every}) > 1:
+        raise UsageError(
+            "the per-topic handlers mix def and async def",
+            "make them all def or all async def",
+        )
+
+    def pick(first: Any) -> Callable[..., Any]:
+        topic = (first[0] if isinstance(first, list) else first).topic()
+        fn = table.get(topic) or table.get(topic.removesuffix(RETRY_SUFFIX), default)
+        if fn is None:
+            raise HandlerMisuse(  # the run stops; nothing is committed past it
+                f"no handler for topic {topic!r}",
+                f"register one (consumer.handler(fn, topic={topic!r})) or a default",
+            )
+        return fn
+
+    if is_async(every[0]):
+
+        async def call_async(first: Any, *rest: Any) -> Any:
+            return await pick(first)(first, *rest)
+
+        return call_async
+
+    def call(first: Any, *rest: Any) -> Any:
+        return pick(first)(first, *rest)
+
+    return call
 
 
 def check_result(result: object) -> None:

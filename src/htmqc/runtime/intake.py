@@ -140,14 +140,15 @@ class Intake:
         """``msgs`` grouped by partition, in order within each.
 
         librdkafka hands a fetch response out partition by partition, so a batch is
-        a few long runs: with one topic subscribed they are found by
+        a few long runs: with one topic subscribed (no retry topic) they are found by
         :func:`itertools.groupby` in C (one call per message, no tuple, no dict
-        step); with the retry topic too, each message is looked at in Python."""
+        step); with a retry topic or several topics, each message is looked at in
+        Python."""
         if not msgs:
             return ()
         e = self.engine
-        if e.retry_topic is None:
-            topic = e.options.topic
+        topic = e.subscription.single
+        if e.retry_topic is None and topic is not None:
             runs = [(p, list(run)) for p, run in groupby(msgs, partition)]
             if len(runs) == len({p for p, _ in runs}):
                 return [((topic, p), run) for p, run in runs]

@@ -23,6 +23,7 @@ from htmqc.runtime.handlers import check_handler
 from htmqc.runtime.loop import Engine
 from htmqc.runtime.options import EXACTLY_ONCE, RunOptions
 from htmqc.runtime.retry_topic import retry_topic
+from htmqc.runtime.subscription import Subscription
 
 if TYPE_CHECKING:
     from htmqc.observe import Metrics
@@ -177,19 +178,35 @@ def build_engine(
                 "--retry-topic with a database sink cannot move a message atomically",
                 "use at-least-once or a kafka: sink, or drop --retry-topic",
             )
-    check_topic(
-        options.bootstrap,
-        options.topic,
-        options.create_topic,
-        options.connect_seconds,
-        options.kafka_config,
-    )
+    subscription = Subscription.of(options.topic, options.retry_topic)
+    if subscription.pattern and sink is not None and sink.writes_kafka:
+        raise UsageError(
+            "a kafka: sink writes dead letters inside its transactions, to DLQ topics that "
+            f"must exist first; a pattern (--topic {options.topic!r}) names none in advance",
+            "list the topics (--topic a,b) with a kafka: sink",
+        )
+    if subscription.pattern:
+        from htmqc.broker import wait_reachable
+
+        wait_reachable(options.bootstrap, timeout=options.connect_seconds,
+                       config=options.kafka_config)
+    for topic in () if subscription.pattern else subscription.topics:
+        check_topic(
+            options.bootstrap,
+            topic,
+            options.create_topic,
+            options.connect_seconds,
+            options.kafka_config,
+        )
     if options.retry_topic:
-        _ensure_topic(options.bootstrap, retry_topic(options.topic), options.kafka_config)
+        assert subscription.single is not None
+        _ensure_topic(options.bootstrap, retry_topic(subscription.single), options.kafka_config)
+    dead_letter_topics = [name for topic in subscription.topics if not subscription.pattern
+                          for name in (dlq_topic(topic), poison_topic(topic))]
     if sink is not None:
         sink.open(options.group)
         if sink.writes_kafka:  # its dead letters are written inside its transactions
-            for name in (dlq_topic(options.topic), poison_topic(options.topic)):
+            for name in dead_letter_topics:
                 _ensure_topic(options.bootstrap, name, options.kafka_config)
     engine: list[Engine] = []
     config = consumer_config(
@@ -211,11 +228,17 @@ def build_engine(
         ) from None
 
     def producer() -> Any:
-        """The dead-letter (and retry-topic) producer; its topics are created if missing."""
-        for name in (dlq_topic(options.topic), poison_topic(options.topic)):
+        """The dead-letter (and retry-topic) producer; its topics are created if missing
+        (a pattern's, when first written to)."""
+        for name in dead_letter_topics:
             _ensure_topic(options.bootstrap, name, options.kafka_config)
-        return Producer(
+        made = Producer(
             producer_config(options.bootstrap, producer_overrides(options.kafka_config))
+        )
+        if not subscription.pattern:
+            return made
+        return CreatingProducer(
+            made, lambda name: _ensure_topic(options.bootstrap, name, options.kafka_config)
         )
 
     engine.append(
@@ -230,6 +253,27 @@ def build_engine(
         )
     )
     return engine[0]
+
+
+class CreatingProducer:
+    """A producer that creates each topic the first time it writes to it: the DLQ
+    topics of a pattern subscription's topics are not known when it starts.
+    Everything else is the wrapped producer's."""
+
+    def __init__(self, producer: Any, ensure: Callable[[str], None]) -> None:
+        self._producer = producer
+        self._ensure = ensure
+        self._known: set[str] = set()
+
+    def produce(self, topic: str, *args: Any, **kwargs: Any) -> None:
+        """``ensure(topic)`` once, then the wrapped ``produce``."""
+        if topic not in self._known:
+            self._ensure(topic)
+            self._known.add(topic)
+        self._producer.produce(topic, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._producer, name)
 
 
 def _ensure_topic(bootstrap: str, name: str, kafka_config: dict[str, Any] | None = None) -> None:

@@ -71,6 +71,7 @@ from htmqc.runtime.options import EXACTLY_ONCE, RunOptions
 from htmqc.runtime.ownership import Ownership
 from htmqc.runtime.retry_topic import retry_topic
 from htmqc.runtime.stats import Stats
+from htmqc.runtime.subscription import Subscription
 from htmqc.runtime.trace import TracingCore
 from htmqc.runtime.workers import LanePool, TransactionWorker, Workers
 
@@ -155,7 +156,9 @@ class Engine:
                 max_delay=options.backoff_max_ms / 1000.0,
             )
         self.retry_policy = retry
-        self.retry_topic = retry_topic(options.topic) if options.retry_topic else None
+        self.subscription = Subscription.of(options.topic, options.retry_topic)
+        single = self.subscription.single
+        self.retry_topic = retry_topic(single) if options.retry_topic and single else None
         to_topic = (
             RetryTopic(name=self.retry_topic, min_delay=options.retry_topic_ms / 1000.0)
             if self.retry_topic is not None
@@ -322,15 +325,31 @@ class Engine:
 
     def on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         """Rebalance callback (:meth:`Ownership.on_assign`)."""
-        self.ownership.on_assign(consumer, partitions)
+        self.ownership.on_assign(consumer, self._read(partitions))
 
     def on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         """Rebalance callback (:meth:`Ownership.on_revoke`)."""
-        self.ownership.on_revoke(consumer, partitions)
+        self.ownership.on_revoke(consumer, self._read(partitions))
 
     def on_lost(self, consumer: Any, partitions: list[Any]) -> None:
         """Rebalance callback (:meth:`Ownership.on_lost`)."""
-        self.ownership.on_lost(consumer, partitions)
+        self.ownership.on_lost(consumer, self._read(partitions))
+
+    def _read(self, partitions: list[Any]) -> list[Any]:
+        """The partitions this member reads of those the group gave or took: a
+        pattern's matches of htmqc's own topics are left alone (never assigned
+        locally, so never revoked either: :mod:`htmqc.runtime.subscription`)."""
+        if not self.subscription.pattern:
+            return partitions
+        return [p for p in partitions if self.subscription.wants(p.topic)]
+
+    def source_of(self, topic: str) -> str:
+        """The topic a message of ``topic`` came from first: the source topic of the
+        retry topic, else ``topic`` itself (its DLQ topics are named after it)."""
+        if topic == self.retry_topic:
+            assert self.subscription.single is not None
+            return self.subscription.single
+        return topic
 
     # -- observability ----------------------------------------------------------------------
 
@@ -646,7 +665,7 @@ class Engine:
         if self.sink is not None:
             self.sink.bind(self.consumer)
         self.workers.start()
-        topics = [self.options.topic]
+        topics = list(self.subscription.topics)
         if self.retry_topic is not None:
             topics.append(self.retry_topic)
         self.consumer.subscribe(

@@ -130,7 +130,10 @@ class RunOptions:
     """
 
     bootstrap: str = opt(help="Kafka bootstrap servers HOST:PORT")
-    topic: str = opt(help="the topic to consume")
+    topic: str = opt(
+        help="the topic to consume; several: a,b,c; a pattern: ^regex (librdkafka's "
+        "convention; topics created later join; <topic>.dlq/.retry names are never read)"
+    )
     group: str = opt(help="consumer group")
     mode: str = opt(AT_LEAST_ONCE, "delivery mode", choices=MODES)
     sink: str | None = opt(

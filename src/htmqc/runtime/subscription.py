@@ -1,0 +1,92 @@
+"""What ``--topic`` subscribes to: one topic, a comma-separated list, or a pattern.
+
+librdkafka's convention: a subscription entry that starts with ``^`` is a
+regular expression, matched against every topic of the cluster as the
+metadata refreshes (``topic.metadata.refresh.interval.ms``), so topics created
+later join the subscription. ``--topic orders`` and ``--topic orders,refunds``
+name topics; ``--topic '^orders\\..*'`` is a pattern (one, on its own).
+
+htmqc writes to topics named after the ones it reads (``<topic>.dlq``,
+``<topic>.dlq.poison``, ``<topic>.retry``). A pattern may match those too: a
+consumer that read its own dead letters would dead-letter them again, for
+ever. So partitions of topics with those suffixes are never taken from a
+pattern: the group may assign them to this member, which leaves them unread
+(:meth:`Subscription.wants`). Listed topics are taken as given.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from htmqc.dlq.record import dlq_topic, poison_topic
+from htmqc.errors import UsageError
+from htmqc.runtime.retry_topic import retry_topic
+
+#: The suffixes of the topics htmqc writes next to a source topic.
+DERIVED_SUFFIXES = tuple(name("") for name in (dlq_topic, poison_topic, retry_topic))
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    """``topics``: the listed names in order, or the one pattern (``pattern``)."""
+
+    topics: tuple[str, ...]
+    pattern: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> Subscription:
+        """The subscription ``--topic`` gives.
+
+        :raises UsageError: an empty name, a name twice, a pattern beside other
+            entries, or a pattern that is not a valid regular expression.
+        """
+        entries = [part.strip() for part in text.split(",")]
+        if not all(entries):
+            raise UsageError(f"--topic {text!r} has an empty topic name",
+                             "give names separated by commas, e.g. --topic orders,refunds")
+        if any(e.startswith("^") for e in entries):
+            if len(entries) > 1:
+                raise UsageError(f"--topic {text!r} mixes a pattern with other entries",
+                                 "give one pattern (^...) or a list of names, not both")
+            try:
+                re.compile(entries[0])
+            except re.error as exc:
+                raise UsageError(f"--topic pattern {entries[0]!r} is not a regular "
+                                 f"expression: {exc}", "fix the pattern") from None
+            return cls((entries[0],), pattern=True)
+        twice = sorted({e for e in entries if entries.count(e) > 1})
+        if twice:
+            raise UsageError(f"--topic names {twice[0]!r} twice", "list each topic once")
+        return cls(tuple(entries))
+
+    @classmethod
+    def of(cls, topic: str, with_retry_topic: bool) -> Subscription:
+        """:meth:`parse`, and a retry topic only for one listed topic.
+
+        :raises UsageError: as :meth:`parse`; or ``with_retry_topic`` (``--retry-topic``)
+            with several topics or a pattern (one retry topic per source topic
+            would need the core's hand-off to name it per message).
+        """
+        subscription = cls.parse(topic)
+        if with_retry_topic and subscription.single is None:
+            raise UsageError(
+                f"--retry-topic takes one source topic, not --topic {topic!r}",
+                "run one consumer per topic with --retry-topic, or drop --retry-topic",
+            )
+        return subscription
+
+    @property
+    def single(self) -> str | None:
+        """The topic when exactly one is listed (no pattern); else ``None``."""
+        return self.topics[0] if len(self.topics) == 1 and not self.pattern else None
+
+    def wants(self, topic: str) -> bool:
+        """Whether partitions of ``topic`` are read (module docs): any listed
+        topic; from a pattern, any topic not named like htmqc's own."""
+        if self.pattern:
+            return not topic.endswith(DERIVED_SUFFIXES)
+        return topic in self.topics
+
+    def __str__(self) -> str:
+        return ",".join(self.topics)

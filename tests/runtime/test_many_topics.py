@@ -1,0 +1,194 @@
+"""Many topics: ``--topic a,b`` and ``--topic '^pattern'``, per-topic handlers in the
+library API, dead letters to each source topic's DLQ, htmqc's own topics never read
+from a pattern (:mod:`htmqc.runtime.subscription`)."""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from htmqc import Consumer, Permanent
+from htmqc.broker import Broker
+from htmqc.errors import UsageError
+from htmqc.produce import parse_id, produce
+from htmqc.runtime.handlers import HandlerMisuse, by_topic
+from htmqc.runtime.subscription import Subscription
+from tests.broker.readback import read_all
+from tests.runtime.test_modes_broker import group_committed
+
+BASE = {"bootstrap": "127.0.0.1:1", "group": "g"}
+
+
+@pytest.mark.parametrize(
+    ("text", "topics", "pattern"),
+    [("orders", ("orders",), False), ("orders, refunds", ("orders", "refunds"), False),
+     (r"^orders\..*", (r"^orders\..*",), True)],
+)
+def test_a_subscription_is_a_list_or_one_pattern(
+    text: str, topics: tuple[str, ...], pattern: bool
+) -> None:
+    parsed = Subscription.parse(text)
+    assert (parsed.topics, parsed.pattern) == (topics, pattern)
+    assert parsed.single == (None if pattern or len(topics) > 1 else topics[0])
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [("a,,b", "empty topic name"), ("a,b,a", "names 'a' twice"), ("^a.*,b", "mixes a pattern"),
+     ("^a(", "not a regular expression")],
+)
+def test_a_bad_subscription_is_one_line(text: str, error: str) -> None:
+    with pytest.raises(UsageError, match=error):
+        Subscription.parse(text)
+
+
+def test_a_retry_topic_takes_one_source_topic() -> None:
+    assert Subscription.of("a", with_retry_topic=True).single == "a"
+    for text in ("a,b", "^a.*"):
+        with pytest.raises(UsageError, match="--retry-topic takes one source topic"):
+            Subscription.of(text, with_retry_topic=True)
+
+
+def test_a_pattern_never_reads_htmqcs_own_topics() -> None:
+    pattern = Subscription.parse("^orders.*")
+    assert pattern.wants("orders-eu")
+    for own in ("orders-eu.dlq", "orders-eu.dlq.poison", "orders-eu.retry"):
+        assert not pattern.wants(own)
+    listed = Subscription.parse("orders-eu.dlq")  # listed by name: read, as asked
+    assert listed.wants("orders-eu.dlq")
+
+
+class Msg:
+    def __init__(self, topic: str) -> None:
+        self._topic = topic
+
+    def topic(self) -> str:
+        return self._topic
+
+
+def test_by_topic_routes_messages_batches_and_retry_records() -> None:
+    seen: list[tuple[str, str]] = []
+    call = by_topic({"a": lambda m: seen.append(("a", m.topic())),
+                     "b": lambda m: seen.append(("b", m.topic()))},
+                    lambda m: seen.append(("default", m.topic())))
+    for topic in ("a", "b", "a.retry", "c"):
+        call(Msg(topic))
+    assert seen == [("a", "a"), ("b", "b"), ("a", "a.retry"), ("default", "c")]
+    batch = by_topic({"b": lambda msgs, tx: seen.append(("batch", msgs[0].topic()))}, None)
+    batch([Msg("b"), Msg("b")], None)
+    assert seen[-1] == ("batch", "b")
+    with pytest.raises(HandlerMisuse, match="no handler for topic 'z'"):
+        batch([Msg("z")], None)
+
+
+def test_by_topic_refuses_def_and_async_def_together() -> None:
+    async def asynchronous(msg: Any) -> None:
+        pass
+
+    with pytest.raises(UsageError, match="mix def and async def"):
+        by_topic({"a": lambda msg: None, "b": asynchronous}, None)
+
+
+def test_per_topic_handlers_are_checked_when_registered_and_run() -> None:
+    consumer = Consumer(**BASE, topic="a,b")
+    consumer.handler(lambda msg: None, topic="a")
+    with pytest.raises(UsageError, match="handler already for topic 'a'"):
+        consumer.handler(lambda msg: None, topic="a")
+    with pytest.raises(UsageError, match="'c' is not one this consumer reads"):
+        consumer.handler(lambda msg: None, topic="c")
+    with pytest.raises(UsageError, match="no handler for topic 'b'"):
+        consumer.run()
+    on_pattern = Consumer(**BASE, topic="^x-.*")
+    on_pattern.handler(topic="x-1")(lambda msg: None)
+    with pytest.raises(UsageError, match="need a default"):
+        on_pattern.run()
+
+
+@pytest.mark.broker
+def test_two_topics_with_a_handler_each_and_a_dlq_each(broker: Broker, new_topic: Any) -> None:
+    a, b = new_topic(partitions=2), new_topic(partitions=2)
+    produce(broker.bootstrap, a, 200, keys=10)
+    produce(broker.bootstrap, b, 100, keys=10)
+    seen: dict[str, list[int]] = {"a": [], "b": []}
+    group = f"many-{uuid.uuid4().hex[:6]}"
+    consumer = Consumer(bootstrap=broker.bootstrap, topic=f"{a},{b}", group=group,
+                        max_messages=300, log_format="text")
+
+    @consumer.handler(topic=a)
+    def on_a(msg: Any) -> None:
+        assert msg.topic() == a
+        seen["a"].append(parse_id(msg.value()))
+
+    @consumer.handler(topic=b)
+    def on_b(msg: Any) -> None:
+        assert msg.topic() == b
+        n = parse_id(msg.value())
+        if n % 25 == 0:
+            raise Permanent(f"refund {n} is malformed")
+        seen["b"].append(n)
+
+    assert consumer.run() == 300
+    assert sorted(seen["a"]) == list(range(200))
+    assert sorted(seen["b"]) == [n for n in range(100) if n % 25]
+    assert group_committed(broker.bootstrap, group, a, 2) == 200
+    assert group_committed(broker.bootstrap, group, b, 2) == 100
+    dead = read_all(broker.bootstrap, f"{b}.dlq")
+    assert sorted(parse_id(r.value) for r in dead) == [0, 25, 50, 75]
+    assert read_all(broker.bootstrap, f"{a}.dlq") == []
+
+
+@pytest.mark.broker
+def test_a_pattern_reads_its_topics_and_not_its_own_dead_letters(
+    broker: Broker, new_topic: Any
+) -> None:
+    prefix = f"pat{uuid.uuid4().hex[:6]}"
+    a, b = new_topic(partitions=2, prefix=prefix), new_topic(partitions=1, prefix=prefix)
+    produce(broker.bootstrap, a, 150, keys=10)
+    produce(broker.bootstrap, b, 50, keys=10)
+    # a's DLQ exists before the run, so the pattern matches it from the first assignment
+    produce(broker.bootstrap, f"{a}.dlq", 5, keys=1)
+    topics: list[str] = []
+
+    def handle(msg: Any) -> None:
+        topics.append(msg.topic())
+        if parse_id(msg.value()) == 7:
+            raise Permanent("seven is refused")  # to <topic>.dlq, which the pattern matches
+
+    consumer = Consumer(handle, bootstrap=broker.bootstrap, topic=f"^{prefix}-.*",
+                        group=f"pat-{uuid.uuid4().hex[:6]}", max_messages=200,
+                        idle_exit=3.0, log_format="text")
+    assert consumer.run() == 200
+    assert sorted(set(topics)) == sorted([a, b])
+    assert len(topics) == 200  # no dead letter was read back
+    assert [parse_id(r.value) for r in read_all(broker.bootstrap, f"{a}.dlq")] == [*range(5), 7]
+    assert [parse_id(r.value) for r in read_all(broker.bootstrap, f"{b}.dlq")] == [7]
+
+
+@pytest.mark.broker
+def test_exactly_once_over_two_topics_into_sqlite(
+    broker: Broker, new_topic: Any, tmp_path: Path
+) -> None:
+    a, b = new_topic(partitions=2), new_topic(partitions=3)
+    produce(broker.bootstrap, a, 120, keys=10)
+    produce(broker.bootstrap, b, 90, keys=10)
+    db = tmp_path / "out.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE seen (topic TEXT, id INTEGER, PRIMARY KEY (topic, id))")
+
+    def store(msg: Any, tx: Any) -> None:
+        tx.execute("INSERT INTO seen VALUES (?, ?)", (msg.topic(), parse_id(msg.value())))
+
+    consumer = Consumer(store, bootstrap=broker.bootstrap, topic=f"{a},{b}",
+                        group=f"eo-{uuid.uuid4().hex[:6]}", mode="exactly-once",
+                        sink=f"sqlite:///{db}", max_messages=210, log_format="text")
+    assert consumer.run() == 210
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT topic, count(*), min(id), max(id) FROM seen GROUP BY topic")
+        assert sorted(rows) == sorted([(a, 120, 0, 119), (b, 90, 0, 89)])
+        positions = dict(conn.execute(
+            "SELECT topic, SUM(committed) FROM htmqc_positions GROUP BY topic"))
+    assert positions == {a: 120, b: 90}
