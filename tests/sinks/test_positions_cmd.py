@@ -411,6 +411,7 @@ def test_kafka_show_seek_skip_reset(
 
 
 @pytest.mark.broker
+@pytest.mark.brokers("tansu", "kafka")
 def test_kafka_move_refused_while_the_group_has_live_members(
     broker: AnyBroker,
     kafka_case: tuple[str, str, str, list[str]],

@@ -31,9 +31,12 @@ from htmqc.config import parse_pairs, remember_secrets
 from htmqc.core.decisions import TopicPartition
 from htmqc.errors import UsageError
 from htmqc.ports import Position
+from htmqc.sinks.factory import open_sink
 from htmqc.sinks.group_offsets import GroupPosition, KafkaGroupOffsets, KafkaTopicInfo
 from htmqc.sinks.kafka_positions import DEFAULT_POSITIONS_TOPIC
 from htmqc.sinks.moves import Move, Request, Watermarks, plan, show_offsets, summary
+from htmqc.sinks.sql import SqlSink
+from htmqc.sinks.urls import parse_sink_url
 
 _DESCRIPTION = """\
 Show or move a consumer group's stored positions on one topic.
@@ -177,8 +180,8 @@ class _Target:
             args.bootstrap, args.topic, kafka_config=kafka, timeout=args.timeout
         )
         self.kafka = KafkaGroupOffsets(self.info, args.group, positions_topic=args.positions_topic)
-        self.sql: Any = None
-        if args.sink and not args.sink.startswith("kafka:"):
+        self.sql: SqlSink | None = None
+        if args.sink and parse_sink_url(args.sink).kind != "kafka":
             self.sql = _open_sql(args.sink, args.group)
 
     def close(self) -> None:
@@ -186,21 +189,16 @@ class _Target:
             self.sql.close()
 
 
-def _open_sql(url: str, group: str) -> Any:
+def _open_sql(url: str, group: str) -> SqlSink:
     """The SQL sink of ``url``, opened for ``group``.
 
     :raises UsageError: not a SQL sink URL, or an SQLite file that does not exist
         (a consumer never wrote there: most likely a typo)."""
-    from htmqc.sinks.sql import SqlSink
-    from htmqc.sinks.urls import parse_sink_url
-
     parsed = parse_sink_url(url)
     if parsed.kind == "sqlite" and not Path(parsed.target).is_file():
         raise UsageError(
             f"no SQLite file at {parsed.target}", "check --sink: it names the consumer's sink"
         )
-    from htmqc.sinks import open_sink
-
     sink = open_sink(url)
     assert isinstance(sink, SqlSink)
     sink.open(group)
@@ -310,7 +308,7 @@ def run_move(args: argparse.Namespace) -> int:
         parts = _partitions(target, args.partition)
         marks = target.info.watermarks(parts)
         if target.sql is not None:
-            moves = _move_sql(target, parts, marks, request, args)
+            moves = _move_sql(target, target.sql, parts, marks, request, args)
         else:
             moves = _move_kafka(target, parts, marks, request, args)
     finally:
@@ -321,12 +319,12 @@ def run_move(args: argparse.Namespace) -> int:
 
 def _move_sql(
     target: _Target,
+    sink: SqlSink,
     parts: list[int],
     marks: dict[int, Watermarks],
     request: Request,
     args: argparse.Namespace,
 ) -> list[Move]:
-    sink = target.sql
     topic = target.topic
 
     def planned_from(p: int, pos: Position | None) -> Move:

@@ -251,7 +251,7 @@ class KafkaGroupOffsets:
             return None
         members = len(desc.members or ())
         name = getattr(desc.state, "name", str(desc.state)).lower()
-        return f"{name}, {members} members" if members else name
+        return f"{name}, {members} member{'s' if members > 1 else ''}" if members else name
 
     def move(self, moves: Sequence[Move]) -> None:
         """Store ``moves`` (only the changed ones): positions-topic records,
