@@ -25,6 +25,12 @@ and ``fence``.
   positions and commits. A stale fence rolls everything back and raises
   :class:`~htmqc.sinks.base.Fenced`. Rows are locked in (topic, partition)
   order in both claim and commit, so two members cannot deadlock.
+* ``reposition`` (``htmqc positions reset|seek|skip``) moves stored positions
+  in one write transaction and takes each partition's fence with the claim's
+  own statement (:meth:`SqlSink.take_fence`), so a member still running with
+  the old fence is refused on its next commit and cannot overwrite the new
+  position; after its fence grace it claims the partition again and reads
+  from there.
 
 Faults: a driver error that means the database cannot be used for now
 (:meth:`SqlSink.unavailable`: a lost connection, a terminated backend, a file
@@ -53,6 +59,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from htmqc.core.decisions import Commit, TopicPartition
@@ -78,6 +85,15 @@ _SAVEPOINT = "htmqc_msg"
 UNSAFE_DISABLE_FENCE_ENV = "HTMQC_UNSAFE_DISABLE_FENCE"
 
 log = logging.getLogger("htmqc.sinks")
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRow:
+    """A row of the positions table as :meth:`SqlSink.stored` reads it:
+    the position (``fence``: the latest owner's token) and ``updated_at``."""
+
+    position: Position
+    updated_at: str
 
 
 class SqlSink(ABC):
@@ -202,25 +218,125 @@ class SqlSink(ABC):
             cur.execute(self.begin_sql)
             try:
                 for tp in ordered:
-                    key = (self.group, tp[0], tp[1])
-                    if tp in starts:
-                        cur.execute(
-                            f'INSERT INTO "{t}" (consumer_group, topic, "partition", committed, '
-                            f"finished_above, fence, updated_at) "
-                            f"VALUES ({p}, {p}, {p}, {p}, '', 0, {self.now_sql}) "
-                            f'ON CONFLICT (consumer_group, topic, "partition") DO NOTHING',
-                            (*key, starts[tp]),
-                        )
+                    out[tp] = self.take_fence(cur, tp, starts.get(tp))
+                cur.execute("COMMIT")
+            except BaseException:
+                self.rollback_quietly(cur)
+                raise
+        return out
+
+    def take_fence(self, cur: Any, tp: TopicPartition, start: int | None) -> Position:
+        """Inside an open write transaction on ``cur``: become ``tp``'s owner the
+        way :meth:`claim` does, and return its stored position with the new fence.
+
+        Inserts the row at ``start`` when it is missing (``start`` ``None``: the
+        row must exist), then bumps ``fence`` with ``UPDATE ... RETURNING``,
+        which takes the row lock a member's ``commit`` reads the fence under.
+        From the transaction's commit on, every member holding an older fence
+        is refused (:class:`~htmqc.sinks.base.Fenced`) on its next commit. The
+        one fence of the SQL sinks: ``claim`` and ``htmqc positions`` both use it.
+        """
+        t, p = self.positions_table, self.param
+        key = (self.group, tp[0], tp[1])
+        if start is not None:
+            cur.execute(
+                f'INSERT INTO "{t}" (consumer_group, topic, "partition", committed, '
+                f"finished_above, fence, updated_at) "
+                f"VALUES ({p}, {p}, {p}, {p}, '', 0, {self.now_sql}) "
+                f'ON CONFLICT (consumer_group, topic, "partition") DO NOTHING',
+                (*key, start),
+            )
+        cur.execute(
+            f'UPDATE "{t}" SET fence = fence + 1, updated_at = {self.now_sql} '
+            f'WHERE consumer_group = {p} AND topic = {p} AND "partition" = {p} '
+            f"RETURNING committed, finished_above, fence",
+            key,
+        )
+        committed, finished, fence = cur.fetchall()[0]
+        return Position(int(committed), self._decode(tp, committed, finished), int(fence))
+
+    def store_position(
+        self, cur: Any, tp: TopicPartition, committed: int, finished_above: Sequence[int]
+    ) -> None:
+        """Inside an open write transaction on ``cur``: write ``tp``'s position
+        (the row must exist; the fence is not touched)."""
+        t, p = self.positions_table, self.param
+        cur.execute(
+            f'UPDATE "{t}" SET committed = {p}, finished_above = {p}, '
+            f"updated_at = {self.now_sql} WHERE consumer_group = {p} "
+            f'AND topic = {p} AND "partition" = {p}',
+            (committed, encode_finished(committed, finished_above), self.group, *tp),
+        )
+
+    def stored(self, topic: str) -> dict[TopicPartition, StoredRow]:
+        """Every stored position of ``topic`` for this group, read without a
+        lock (a committed snapshot): what ``htmqc positions show`` prints."""
+        conn = self._connection()
+        t, p = self.positions_table, self.param
+        with self.db_errors("reading stored positions"):
+            cur = conn.cursor()
+            cur.execute(
+                f'SELECT "partition", committed, finished_above, fence, updated_at FROM "{t}" '
+                f"WHERE consumer_group = {p} AND topic = {p}",
+                (self.group, topic),
+            )
+            rows = cur.fetchall()
+        out: dict[TopicPartition, StoredRow] = {}
+        for part, committed, finished, fence, updated in rows:
+            tp = (topic, int(part))
+            out[tp] = StoredRow(
+                Position(int(committed), self._decode(tp, committed, finished), int(fence)),
+                str(updated),
+            )
+        return out
+
+    def reposition(
+        self,
+        tps: Sequence[TopicPartition],
+        decide: Callable[[TopicPartition, Position | None], tuple[int, tuple[int, ...]] | None],
+    ) -> dict[TopicPartition, tuple[Position | None, Position]]:
+        """Move the stored positions of ``tps`` in one write transaction, taking
+        each partition's fence as a new owner does (:meth:`take_fence`).
+
+        For each partition, in (topic, partition) order like ``claim`` and
+        ``commit``: read its stored position under the write lock (``None``
+        when it has none), ask ``decide(tp, stored)`` for the new
+        ``(committed, finished_above)`` (``None``: leave the partition alone,
+        fence included), take the fence (inserting the row if missing) and
+        store the new position. Returns, per partition moved, the position
+        before and after (with the new fence). If ``decide`` or the
+        database raises, the transaction is rolled back: nothing moved and no
+        fence was taken.
+        """
+        conn = self._connection()
+        check_no_transaction(self.name, "reposition", self._txn)
+        t, p = self.positions_table, self.param
+        out: dict[TopicPartition, tuple[Position | None, Position]] = {}
+        with self.db_errors("moving positions"):
+            cur = conn.cursor()
+            cur.execute(self.begin_sql)
+            try:
+                for tp in sorted(set(tps)):
                     cur.execute(
-                        f'UPDATE "{t}" SET fence = fence + 1, updated_at = {self.now_sql} '
-                        f'WHERE consumer_group = {p} AND topic = {p} AND "partition" = {p} '
-                        f"RETURNING committed, finished_above, fence",
-                        key,
+                        f'SELECT committed, finished_above, fence FROM "{t}" '
+                        f'WHERE consumer_group = {p} AND topic = {p} AND "partition" = {p}'
+                        f"{self.lock_suffix}",
+                        (self.group, *tp),
                     )
-                    committed, finished, fence = cur.fetchall()[0]
-                    out[tp] = Position(
-                        int(committed), self._decode(tp, committed, finished), int(fence)
+                    row = cur.fetchone()
+                    before = (
+                        None
+                        if row is None
+                        else Position(int(row[0]), self._decode(tp, row[0], row[1]), int(row[2]))
                     )
+                    decided = decide(tp, before)
+                    if decided is None:
+                        continue
+                    committed, finished = decided
+                    fenced = self.take_fence(cur, tp, committed if before is None else None)
+                    self.store_position(cur, tp, committed, finished)
+                    kept = tuple(sorted(o for o in set(finished) if o >= committed))
+                    out[tp] = (before, Position(committed, kept, fenced.fence))
                 cur.execute("COMMIT")
             except BaseException:
                 self.rollback_quietly(cur)
@@ -388,16 +504,8 @@ class SqlTransaction:
                     if stale and sink.fence_enabled:
                         raise Fenced.for_partitions(sink.name, stale)
                     for commit, _fence in ordered:
-                        self._own.execute(
-                            f'UPDATE "{t}" SET committed = {p}, finished_above = {p}, '
-                            f"updated_at = {sink.now_sql} WHERE consumer_group = {p} "
-                            f'AND topic = {p} AND "partition" = {p}',
-                            (
-                                commit.offset,
-                                encode_finished(commit.offset, commit.finished_above),
-                                sink.group,
-                                *commit.tp,
-                            ),
+                        sink.store_position(
+                            self._own, commit.tp, commit.offset, commit.finished_above
                         )
                     self._own.execute("COMMIT")
                     self._finish(rollback=False)
