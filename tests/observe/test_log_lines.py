@@ -20,6 +20,7 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -236,18 +237,28 @@ def test_the_dead_letter_line_of_a_postgresql_sink_names_its_table_without_the_p
             conn.execute(f"DROP TABLE IF EXISTS {prefix}dead_letters, {prefix}positions")
 
 
+@contextmanager
+def limited(name: str, limit: RateLimit) -> Iterator[tuple[logging.Logger, Lines]]:
+    """Logger ``name`` behind ``limit``, its lines collected (not propagated)."""
+    logger = logging.getLogger(name)
+    shown = Lines()
+    logger.addHandler(shown)
+    logger.addFilter(limit)
+    logger.propagate = False
+    try:
+        yield logger, shown
+    finally:
+        logger.removeFilter(limit)
+        logger.removeHandler(shown)
+
+
 # -- 3. repeated lines --------------------------------------------------------------------
 
 
 def test_rate_limit_lets_the_first_lines_through_then_one_summary() -> None:
     clock = Clock()
     limit = RateLimit(burst=3, window=60.0, clock=clock)
-    logger = logging.getLogger("htmqc.test.limit")
-    shown = Lines()
-    logger.addHandler(shown)
-    logger.addFilter(limit)
-    logger.propagate = False
-    try:
+    with limited("htmqc.test.limit", limit) as (logger, shown):
         for i in range(50):
             logger.warning("handler failed on t/0@%d: boom", i)
             clock.now += 0.5
@@ -273,20 +284,12 @@ def test_rate_limit_lets_the_first_lines_through_then_one_summary() -> None:
             "handler failed on t/0@204: boom (suppressed 3 similar lines in the last 2 s)"
         )
         assert limit.held_total == 50
-    finally:
-        logger.removeFilter(limit)
-        logger.removeHandler(shown)
 
 
 def test_a_closed_window_is_summarized_at_the_next_line_of_any_kind() -> None:
     clock = Clock()
     limit = RateLimit(burst=1, window=10.0, clock=clock)
-    logger = logging.getLogger("htmqc.test.sweep")
-    shown = Lines()
-    logger.addHandler(shown)
-    logger.addFilter(limit)
-    logger.propagate = False
-    try:
+    with limited("htmqc.test.sweep", limit) as (logger, shown):
         for _ in range(4):
             logger.warning("Connection refused")
         clock.now += 11
@@ -308,9 +311,6 @@ def test_a_closed_window_is_summarized_at_the_next_line_of_any_kind() -> None:
             "Connection refused (suppressed 1 similar lines in the last 10 s)",
             "Connection refused",
         ]
-    finally:
-        logger.removeFilter(limit)
-        logger.removeHandler(shown)
 
 
 def test_the_first_of_every_distinct_line_is_shown() -> None:
@@ -318,12 +318,7 @@ def test_the_first_of_every_distinct_line_is_shown() -> None:
     when they share a ``%`` template (confluent-kafka logs every librdkafka
     line as ``"%s [%s] %s"``)."""
     limit = RateLimit(burst=1, window=60.0, clock=Clock())
-    logger = logging.getLogger("htmqc.test.distinct")
-    shown = Lines()
-    logger.addHandler(shown)
-    logger.addFilter(limit)
-    logger.propagate = False
-    try:
+    with limited("htmqc.test.distinct", limit) as (logger, shown):
         for port in (9092, 9093, 9094):
             logger.error("%s [%s] %s", "FAIL", "rdkafka#consumer-1",
                          f"Connect to ipv4#127.0.0.1:{port} failed: Connection refused")
@@ -334,28 +329,17 @@ def test_the_first_of_every_distinct_line_is_shown() -> None:
             "1/1 brokers are down",
             "SSL handshake failed",
         ]
-    finally:
-        logger.removeFilter(limit)
-        logger.removeHandler(shown)
 
 
 def test_past_max_kinds_the_oldest_kind_is_summarized_and_forgotten() -> None:
     limit = RateLimit(burst=1, window=60.0, clock=Clock(), max_kinds=2)
-    logger = logging.getLogger("htmqc.test.kinds")
-    shown = Lines()
-    logger.addHandler(shown)
-    logger.addFilter(limit)
-    logger.propagate = False
-    try:
+    with limited("htmqc.test.kinds", limit) as (logger, shown):
         for text in ("a", "a", "b", "b", "c", "a"):
             logger.warning(text)
         assert shown.messages() == [
             "a", "b", "a (suppressed 1 similar lines in the last 0 s)", "c",
             "b (suppressed 1 similar lines in the last 0 s)", "a",
         ]
-    finally:
-        logger.removeFilter(limit)
-        logger.removeHandler(shown)
 
 
 def test_htmqc_failure_lines_are_rate_limited_on_the_engine_path(lines: Lines) -> None:

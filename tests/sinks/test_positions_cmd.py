@@ -26,6 +26,7 @@ from htmqc.sinks.encoding import encode_finished, encode_metadata
 from htmqc.sinks.kafka import KafkaSink
 from htmqc.sinks.kafka_positions import ensure_topic, record_key, record_value
 from htmqc.sinks.moves import Move, Request, Watermarks, carried_finished, plan, summary
+from tests.runtime.test_run_broker import wait_for
 from tests.sinks.conftest import GROUP, Backend, commit_of, write_effect
 from tests.sinks.kafka_support import group_consumer
 
@@ -291,12 +292,12 @@ def test_running_consumer_is_fenced_by_seek_and_resumes_from_the_new_position(
 
     consumer.start()
     try:
-        wait_until(lambda: len(offsets()) >= 10, 60, "the first ten records")
-        wait_until(lambda: backend.positions()[(topic, 0)][0] == 10, 30, "position 10")
+        wait_for(lambda: len(offsets()) >= 10, 60, "the first ten records")
+        wait_for(lambda: backend.positions()[(topic, 0)][0] == 10, 30, "position 10")
         code, out, err = cli(capsys, "seek", "--to", "4", *sql_args(tansu_broker, backend, topic))
         assert code == 0 and out.strip().endswith("0: 10->4"), err
         fill(tansu_broker.bootstrap, topic, 2)  # offsets 10, 11: the member's next commit
-        wait_until(lambda: len(offsets()) >= 18, 90, "4..11 once more")
+        wait_for(lambda: len(offsets()) >= 18, 90, "4..11 once more")
         time.sleep(1.0)
     finally:
         consumer.stop(30)
@@ -304,13 +305,6 @@ def test_running_consumer_is_fenced_by_seek_and_resumes_from_the_new_position(
     assert backend.positions()[(topic, 0)][0] == 12
 
 
-def wait_until(predicate: Any, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # -- Kafka positions ---------------------------------------------------------------------
