@@ -198,7 +198,7 @@ CATALOGUE: tuple[Bug, ...] = (
         (*CONTRACT_LAYERS, *MODEL_LAYERS),
     ),
     Bug(
-        "fence-not-bumped", SQL, "SqlSink.claim",
+        "fence-not-bumped", SQL, "SqlSink.take_fence",
         "f'UPDATE \"{t}\" SET fence = fence + 1, updated_at = {self.now_sql} '",
         "f'UPDATE \"{t}\" SET fence = fence, updated_at = {self.now_sql} '",
         "a claim does not bump the partition's fence, so a zombie's commit with the "

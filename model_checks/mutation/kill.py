@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import queue
 import tempfile
 import time
@@ -74,10 +75,12 @@ def chain_for(mutant_file: Path) -> list[Command]:
     return [*([focused] if focused else []), *KILL_CHECKS]
 
 
-def chain_digest(chain: Iterable[Command]) -> str:
-    """A fingerprint of the checks (names and arguments): results of another
-    chain are not reused by ``--resume``."""
-    text = json.dumps([[c.name, *c.argv] for c in chain])
+def chain_digest(chain: Iterable[Command], root: Path = ROOT) -> str:
+    """A fingerprint of the checks (names and arguments, paths relative to
+    ``root``, so a checkout elsewhere, a worktree, reuses the results): results
+    of another chain are not reused by ``--resume``."""
+    prefix = str(root) + os.sep
+    text = json.dumps([[c.name, *(a.replace(prefix, "") for a in c.argv)] for c in chain])
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
