@@ -178,6 +178,12 @@ class Sink(Protocol):
     #: Whether transactions can write Kafka records (dead-letter topics, the
     #: retry topic); SQL sinks write dead letters as rows instead.
     writes_kafka: bool
+    #: Whether each transaction commits the positions to the consumer group's
+    #: offsets itself (the Kafka sink: ``send_offsets_to_transaction``). For a
+    #: sink without it (SQL) the runtime also commits the stored watermark to
+    #: the group, best effort, so lag tools see it (``--kafka-lag-commits``);
+    #: never read back.
+    commits_group_offsets: bool
 
     def open(self, group: str) -> None:
         """Connect and create the sink's tables if missing (idempotent)."""

@@ -39,7 +39,9 @@ def register(subparsers: Any) -> None:
             else f" ({default})"
         )
         if o.kind is bool:
-            p.add_argument(o.flag, action="store_true", default=None, help=o.spec.help)
+            # A switch that is on by default is also offered as --no-FLAG.
+            action = argparse.BooleanOptionalAction if o.default is True else "store_true"
+            p.add_argument(o.flag, action=action, default=None, help=o.spec.help)
             continue
         p.add_argument(
             o.flag,

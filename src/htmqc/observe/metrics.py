@@ -265,6 +265,12 @@ class Metrics:
         self._violations = Counter(
             "htmqc_contract_violations", "Core contract violations detected", registry=r
         )
+        self._lag_failures = Counter(
+            "htmqc_kafka_lag_commit_failures",
+            "Exactly-once into a database: failed commits of the stored watermark to the "
+            "group's offsets (a copy for lag tools, never read back)",
+            registry=r,
+        )
         self._breaker = Counter(
             "htmqc_breaker_transitions",
             "Circuit-breaker state changes, by event",
@@ -337,6 +343,10 @@ class Metrics:
     def rebalanced(self, n: int = 1) -> None:
         """A rebalance happened."""
         self._rebalances.inc(n)
+
+    def lag_commit_failed(self, n: int = 1) -> None:
+        """``n`` commits of a stored watermark to the group's offsets (lag tools) failed."""
+        self._lag_failures.inc(n)
 
     def breaker(self, event: str) -> None:
         """The circuit breaker changed state by ``event`` (a ``BreakerEvent`` value)."""

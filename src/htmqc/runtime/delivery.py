@@ -18,6 +18,20 @@ the :class:`~htmqc.core.Commit` values to a *delivery*:
   idle and a transaction period passed (so progress over gaps and dead letters
   is stored too), and commits on demand (revoke, shutdown) within a bound.
 
+Lag the standard tools see (``--kafka-lag-commits``, on by default).
+Exactly-once into a database stores positions only in the database, so the
+group's offsets in Kafka would stay unset and ``kafka-consumer-groups``,
+Burrow or KEDA would see no lag. With a sink that does not commit the group's
+offsets itself (:attr:`~htmqc.ports.Sink.commits_group_offsets` false: SQL),
+:class:`ExactlyOnce` hands each watermark the core accepted as stored
+(``commit_acked`` true after the database commit) to
+:meth:`AtLeastOnce.mirror`: the at-least-once path's asynchronous Kafka
+commit, without telling the core anything. It is a copy for lag tools only:
+nothing reads it back (positions on assignment come from the sink's ``claim``),
+it may lag behind or fail; failures are counted (:attr:`AtLeastOnce.lag_failures`,
+``htmqc_kafka_lag_commit_failures_total``) and logged at most once per
+:data:`LAG_LOG_EVERY` seconds, and never stop the run.
+
 Dead letters carry a :class:`~htmqc.dlq.record.DeadLetterInfo`. At-least-once
 writes them to ``info.target(topic)`` (``<topic>.dlq``, or
 ``<topic>.dlq.poison``) with the headers of :mod:`htmqc.dlq.headers`, with a
@@ -33,10 +47,13 @@ letter goes is said by ``dead_letter_destination`` of whatever writes it
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import TopicPartition as KafkaTP
 
 from htmqc.core import Commit, ConsumerCore
 from htmqc.core.decisions import TopicPartition
@@ -49,21 +66,44 @@ from htmqc.runtime.workers import Payload, TransactionWorker
 from htmqc.sinks.encoding import encode_metadata
 
 if TYPE_CHECKING:
+    from htmqc.observe.metrics import Metrics
     from htmqc.runtime.loop import Engine
+
+log = logging.getLogger("htmqc.runtime")
 
 #: Real seconds a commit on demand may always take, even past the bound it was given.
 COMMIT_GRACE = 0.5
 #: The dead-letter table of a SQL sink with the default table prefix.
 DLQ_TABLE = dlq_table.table_name()
 
-__all__ = ["DLQ_TABLE", "AtLeastOnce", "ExactlyOnce", "dlq_topic"]
+#: Real seconds between two log lines about failed lag commits (all are counted).
+LAG_LOG_EVERY = 60.0
+
+__all__ = ["DLQ_TABLE", "LAG_LOG_EVERY", "AtLeastOnce", "ExactlyOnce", "dlq_topic", "kafka_offsets"]
+
+
+def kafka_offsets(commits: Sequence[Commit]) -> list[KafkaTP]:
+    """The core's ``commits`` as the offsets of a Kafka commit: each watermark,
+    with ``finished_above`` in the metadata (:func:`~htmqc.sinks.encoding.encode_metadata`)."""
+    return [
+        KafkaTP(c.tp[0], c.tp[1], c.offset, metadata=encode_metadata(c.offset, c.finished_above))
+        for c in commits
+    ]
 
 
 class AtLeastOnce:
-    """Kafka commits of the watermark, asynchronous, acked through the core."""
+    """Kafka commits of the watermark, asynchronous, acked through the core; and,
+    exactly-once into a database, the lag copy of the stored watermarks
+    (:meth:`mirror`, module docs).
+
+    ``metrics``: where failed lag commits are counted (optional)."""
 
     def __init__(
-        self, consumer: ConsumerPort | None, producer_factory: Callable[[], ProducerPort]
+        self,
+        consumer: ConsumerPort | None,
+        producer_factory: Callable[[], ProducerPort],
+        *,
+        metrics: Metrics | None = None,
     ) -> None:
         self.consumer = consumer
         self._producer_factory = producer_factory
@@ -71,6 +111,16 @@ class AtLeastOnce:
         self._producer_lock = threading.Lock()
         self._pending: dict[tuple[TopicPartition, int], int] = {}
         self.acks: list[tuple[Any, list[Any]]] = []
+        self._metrics = metrics
+        #: :meth:`mirror` was called: commit outcomes the core is not waiting
+        #: for are lag commits (their failures are counted).
+        self.mirrors = False
+        #: Partitions' watermarks handed to Kafka by :meth:`mirror`.
+        self.lag_commits = 0
+        #: Lag commits that failed (refused at once, or an error in ``on_commit``).
+        self.lag_failures = 0
+        self._lag_logged: float | None = None
+        self._lag_unlogged = 0
 
     def on_commit(self, err: Any, partitions: list[Any]) -> None:
         """confluent-kafka's ``on_commit``: queue it for the poll loop."""
@@ -84,6 +134,8 @@ class AtLeastOnce:
                 tp = (p.topic, p.partition)
                 epoch = self._pending.pop((tp, p.offset), None)
                 if epoch is None:
+                    if self.mirrors and (err is not None or p.error is not None):
+                        self._lag_failed(tp, p.error if p.error is not None else err)
                     continue
                 if err is None and p.error is None:
                     core.commit_acked(tp, epoch, p.offset)
@@ -93,17 +145,11 @@ class AtLeastOnce:
     def commit(self, core: ConsumerCore, commits: list[Commit], *, sync: bool = False) -> None:
         """Commit ``commits`` to Kafka (asynchronously unless ``sync``)."""
         from confluent_kafka import KafkaException
-        from confluent_kafka import TopicPartition as KafkaTP
 
         if not commits:
             return
         assert self.consumer is not None
-        offsets = [
-            KafkaTP(
-                c.tp[0], c.tp[1], c.offset, metadata=encode_metadata(c.offset, c.finished_above)
-            )
-            for c in commits
-        ]
+        offsets = kafka_offsets(commits)
         for c in commits:
             self._pending[(c.tp, c.offset)] = c.epoch
         if not sync:
@@ -118,6 +164,47 @@ class AtLeastOnce:
             return
         self.acks.append((None, result or []))
         self.drain_acks(core)
+
+    def mirror(self, commits: Sequence[Commit]) -> None:
+        """Exactly-once into a database: commit ``commits`` (watermarks the core
+        accepted as stored by the database transaction that just committed) to
+        the group's offsets too, the way :meth:`commit` does, asynchronously.
+
+        Contract: called only after the database commit succeeded, with the
+        core's own :class:`~htmqc.core.Commit` values (nothing is computed
+        here); the core hears nothing of it (no ``commit_acked``/``commit_failed``:
+        the database is the only durable position, and this copy is never read
+        back); it never blocks on the broker and never raises: a commit librdkafka
+        refuses at once, or whose ``on_commit`` reports an error, is counted in
+        :attr:`lag_failures` and logged at most once per :data:`LAG_LOG_EVERY`
+        seconds."""
+        if not commits:
+            return
+        assert self.consumer is not None
+        self.mirrors = True
+        try:
+            self.consumer.commit(offsets=kafka_offsets(commits), asynchronous=True)
+        except Exception as exc:  # a closed consumer, a refused request: best effort
+            for c in commits:
+                self._lag_failed(c.tp, exc)
+            return
+        self.lag_commits += len(commits)
+
+    def _lag_failed(self, tp: TopicPartition, error: Any) -> None:
+        """Count a failed lag commit; log it if none was logged for a while."""
+        self.lag_failures += 1
+        if self._metrics is not None:
+            self._metrics.lag_commit_failed()
+        now = time.monotonic()
+        if self._lag_logged is not None and now - self._lag_logged < LAG_LOG_EVERY:
+            self._lag_unlogged += 1
+            return
+        more = f" ({self._lag_unlogged} more since the last line)" if self._lag_unlogged else ""
+        log.warning(
+            "the group's offset of %s/%d (for lag tools only; the database holds the "
+            "position) could not be committed: %s%s", tp[0], tp[1], error, more,
+        )
+        self._lag_logged, self._lag_unlogged = now, 0
 
     def dead_letter(self, topic: str, msg: Message, info: DeadLetterInfo) -> None:
         """Write ``msg`` (same key and value, headers of :func:`dlq_headers`) to
@@ -173,10 +260,21 @@ class AtLeastOnce:
 class ExactlyOnce:
     """The poll thread's half of exactly-once delivery (see module docs)."""
 
-    def __init__(self, engine: Engine, worker: TransactionWorker, txn_seconds: float) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        worker: TransactionWorker,
+        txn_seconds: float,
+        *,
+        lag: AtLeastOnce | None = None,
+    ) -> None:
         self.engine = engine
         self.worker = worker
         self.txn_seconds = txn_seconds
+        #: Where stored watermarks are copied to the group's offsets for lag
+        #: tools (:meth:`AtLeastOnce.mirror`), or ``None`` (off, or a sink that
+        #: commits the group's offsets itself).
+        self.lag = lag
         #: A ``commit_due`` was answered and its outcome has not come back.
         self.in_flight = False
         #: A commit was asked for (``commit`` request) and not answered yet.
@@ -195,7 +293,9 @@ class ExactlyOnce:
 
     def serve(self, report: tuple[Any, ...]) -> None:
         """A commit report of the worker (``commit_due``, ``committed``, ``fenced``,
-        ``aborted``)."""
+        ``aborted``). On ``committed`` the core hears each stored commit; those
+        that moved its committed watermark go to :attr:`lag` (if set), after
+        the database commit and never before."""
         e = self.engine
         kind = report[0]
         if kind == "commit_due":
@@ -210,8 +310,14 @@ class ExactlyOnce:
         self.last_commit = e.clock.monotonic()
         if kind == "committed":
             payload, seconds = report[1], report[2]
-            for commit, _fence in payload:
-                e.core.commit_acked(commit.tp, commit.epoch, commit.offset)
+            stored = [
+                commit
+                for commit, _fence in payload
+                if e.core.commit_acked(commit.tp, commit.epoch, commit.offset)
+            ]
+            if self.lag is not None and stored:
+                # The core's committed watermarks, after the database commit.
+                self.lag.mirror(stored)
             self.commits += 1
             if payload and e.metrics is not None:
                 e.metrics.observe_commit_latencies([seconds])

@@ -28,10 +28,11 @@ Shutdown (SIGTERM, SIGINT, :meth:`Engine.stop`): no new handler call starts;
 running ones get ``--shutdown-seconds`` (the loop keeps polling, all
 partitions paused, so the member stays in the group); then everything
 finished is committed (at-least-once: the watermark, synchronously;
-exactly-once: the open transaction), the consumer leaves the group and the
-run returns. A handler still running at the deadline is abandoned: its
-message is not committed, and exactly-once its transaction is never committed
-(see :mod:`~htmqc.runtime.workers`).
+exactly-once: the open transaction, and into a database the lag copy of its
+watermarks, asynchronously: see :mod:`~htmqc.runtime.delivery`), the consumer
+leaves the group and the run returns. A handler still running at the deadline
+is abandoned: its message is not committed, and exactly-once its transaction
+is never committed (see :mod:`~htmqc.runtime.workers`).
 
 Time: every timer (commit interval, transaction age, retry backoff, flow
 interval, fence grace, idle exit) reads the one injected
@@ -211,8 +212,13 @@ class Engine:
                 batch=options.batch,
             )
             self.workers = worker
-            self.eo = ExactlyOnce(self, worker, options.txn_ms / 1000.0)
-            self.alo = AtLeastOnce(consumer, _no_producer)
+            self.alo = AtLeastOnce(consumer, _no_producer, metrics=metrics)
+            # Lag tools read the group's offsets: copy the stored watermarks there,
+            # unless the sink's transactions commit them already (Kafka->Kafka).
+            lag = options.kafka_lag_commits and not sink.commits_group_offsets
+            self.eo = ExactlyOnce(
+                self, worker, options.txn_ms / 1000.0, lag=self.alo if lag else None
+            )
         else:
             self.alo = AtLeastOnce(consumer, producer_factory or _no_producer)
             batch = None
@@ -598,6 +604,8 @@ class Engine:
         exactly-once wait for the outcome within the shutdown bound)."""
         now = self.clock.monotonic() if now is None else now
         if self.eo is not None:
+            with self.lock:
+                self.alo.drain_acks(self.core)  # lag commits' outcomes: counted only
             if force:
                 if not self.eo.commit_now(self.deadline(self.options.shutdown_seconds)):
                     log.warning("the open transaction could not be committed in time")
@@ -720,6 +728,8 @@ class Engine:
         self.commit(force=True, sync=True)
         self.alo.close()
         self.consumer.close()
+        if self.eo is not None:
+            self.alo.drain_acks(self.core)  # lag commits answered during close: counted
         if self.eo is not None and self.workers.idle:
             self.eo.worker.request(("close",))
             self.await_(lambda: self.workers.idle, time.monotonic() + 1.0)

@@ -94,7 +94,11 @@ class RunOptions:
     unfinished messages before partitions are paused. ``txn_messages`` /
     ``txn_ms``: bounds of one exactly-once transaction (``txn_messages``'s default
     depends on the sink: :data:`SINK_DEFAULTS`). ``commit_ms``: how often
-    at-least-once commits. ``max_messages``/``idle_exit``: stop conditions for
+    at-least-once commits. ``kafka_lag_commits``: exactly-once into a database
+    (a sink without :attr:`~htmqc.ports.Sink.commits_group_offsets`), also
+    commit each watermark the database stored to the group's offsets, after the
+    database commit, asynchronously and best effort, for lag tools; never read
+    back. ``max_messages``/``idle_exit``: stop conditions for
     tests and demos. ``max_message_bytes``: larger values are dead-lettered.
     ``shutdown_seconds``: how long revoke and shutdown wait for running work.
     ``sink_retry_seconds``: how long an exactly-once sink that lost its
@@ -154,6 +158,13 @@ class RunOptions:
     commit_ms: float = opt(
         500.0, "at-least-once commit interval, ms", limits=(0, 86_400_000, False)
     )
+    kafka_lag_commits: bool = opt(
+        True, "exactly-once into a database: also commit each stored watermark to the "
+        "consumer group, after the database commit, asynchronously and best effort, so "
+        "kafka-consumer-groups, Burrow and KEDA see the lag; never read back (positions "
+        "come from the database only). Default on; --no-kafka-lag-commits leaves the "
+        "group's offsets unset",
+    )  # fmt: skip
     kafka_config: dict[str, Any] = field(
         default_factory=dict, metadata={"htmqc": Spec(cli=False)}
     )

@@ -143,6 +143,8 @@ class KafkaSink:
 
     name = "kafka"
     writes_kafka = True
+    #: Each transaction commits the input offsets to the group itself.
+    commits_group_offsets = True
 
     def __init__(
         self,

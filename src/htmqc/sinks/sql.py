@@ -103,6 +103,9 @@ class SqlSink(ABC):
     name: str
     #: SQL sinks write dead letters as rows, never Kafka records.
     writes_kafka = False
+    #: Positions live in the database; the group's offsets are only a copy for
+    #: lag tools (``--kafka-lag-commits``), written by the runtime.
+    commits_group_offsets = False
     #: DB-API placeholder of the driver.
     param: str
     #: SQL expression for the current time, stored in ``updated_at``.
