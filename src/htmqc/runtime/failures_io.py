@@ -33,8 +33,9 @@ from htmqc.core.breaker import BreakerEvent
 from htmqc.core.decisions import TopicPartition
 from htmqc.core.gate import Hold
 from htmqc.core.poison import PoisonDetector
-from htmqc.core.retry import Permanent
+from htmqc.core.retry import FailureKind, Permanent
 from htmqc.dlq.record import DeadLetterInfo
+from htmqc.runtime.decode import DecodeError
 from htmqc.runtime.lanes import Lease
 from htmqc.runtime.retry_topic import prior_attempts, retry_headers
 
@@ -89,16 +90,19 @@ class Failures:
         now = e.clock.monotonic()
         first = self._first.setdefault((tp, offset), wall)
         too_large = isinstance(exc, MessageTooLarge)
+        # A record that does not decode is dead-lettered at once, whatever the
+        # user's classification says, and the handler never ran on it.
+        undecodable = isinstance(exc, DecodeError)
         from_retry_topic = tp[0] == e.retry_topic
         failure = Failure(
-            kind=classify(exc, e.error_kinds),
+            kind=FailureKind.PERMANENT if undecodable else classify(exc, e.error_kinds),
             poison=self.poison.failed((tp, offset), now),
             fatal=not isinstance(exc, Exception),
             too_large=too_large,
             from_retry_topic=from_retry_topic,
             prior_attempts=prior_attempts(msg) if from_retry_topic else 0,
         )
-        if not too_large:  # the handler never ran on a too-large message
+        if not (too_large or undecodable):  # the handler never ran on these
             self.breaker_event(self.breaker.failed(tp, offset, error_class(exc), now))
         decision = e.core.failed(
             tp, epoch, offset, failure, wall, self.rng.random(),
