@@ -117,21 +117,31 @@ def _decoder(fmt: str, side: str, options: RunOptions, shared: _Shared) -> Any:
     return RegistryDecoder(fmt, _deserializer(fmt, side, options, shared.client), shared)
 
 
+#: The deserializers' settings: the writer's schema comes by the id in each record,
+#: so the subject name (used only with ``use.latest.version``) is the topic
+#: strategy's, without confluent-kafka's default ASSOCIATED strategy asking the
+#: registry for the topic's associations first (an HTTP call and a dependency on an
+#: API that registries other than Confluent's may lack; it falls back to the topic
+#: strategy when there are none).
+DESERIALIZER_CONFIG: dict[str, Any] = {"subject.name.strategy.type": "TOPIC"}
+
+
 def _deserializer(fmt: str, side: str, options: RunOptions,
                   client: SchemaRegistryClient) -> Any:
+    conf = dict(DESERIALIZER_CONFIG)
     try:
         if fmt == "avro":
             from confluent_kafka.schema_registry.avro import AvroDeserializer
 
-            return AvroDeserializer(client)
+            return AvroDeserializer(client, conf=conf)
         if fmt == "json-schema":
             from confluent_kafka.schema_registry.json_schema import JSONDeserializer
 
-            return JSONDeserializer(None, schema_registry_client=client)
+            return JSONDeserializer(None, schema_registry_client=client, conf=conf)
         from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer
 
         return ProtobufDeserializer(
-            protobuf_class(options, side), {}, schema_registry_client=client
+            protobuf_class(options, side), conf, schema_registry_client=client
         )
     except ImportError as exc:
         raise UsageError(

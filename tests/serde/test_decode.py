@@ -200,3 +200,19 @@ def test_an_unreachable_registry_is_retried_then_dead_lettered_as_failed() -> No
     engine.run(install_signals=False)
     assert calls == [] and decoder.calls == 3
     assert engine.dlq_counts == {"failed": 1}
+
+
+def test_the_real_deserializer_sorts_a_refused_connection_as_the_registrys_fault() -> None:
+    """confluent-kafka's client against a port nobody listens on (it retries for
+    about two seconds first): retried, not dead-lettered as the record's fault."""
+    decoders = build_decoders(RunOptions(**BASE, value_format="avro",
+                                         schema_registry="http://127.0.0.1:1"))
+    assert decoders is not None
+    try:
+        with pytest.raises(RegistryUnavailable, match="avro value of t/0@1: schema registry "
+                           "unreachable: ConnectError"):
+            decoders.decode(FakeMessage("t", 0, 1, None, b"\x00\x00\x00\x00\x01\x02"))
+        with pytest.raises(DecodeError, match="Invalid magic byte"):  # no registry needed
+            decoders.decode(FakeMessage("t", 0, 2, None, b"\x07\x00\x00\x00\x01\x02"))
+    finally:
+        decoders.close()

@@ -263,3 +263,36 @@ def test_the_cli_decodes_protobuf_with_a_named_class(
         stored = conn.execute("SELECT id, who FROM effects ORDER BY id").fetchall()
     assert stored == [(r["id"], r["who"]) for r in rows]
     check_dead_letters(dead_letters_of_sqlite(db), bad, "protobuf", topic)
+
+
+def test_keys_and_values_in_two_registry_formats(
+    broker: Broker, new_topic: Any, registry_client: SchemaRegistryClient,
+    schema_registry: SchemaRegistry,
+) -> None:
+    """``--key-format avro --value-format json-schema``: both sides decoded through
+    one registry client (subjects ``<topic>-key`` and ``<topic>-value``); a key that
+    does not decode dead-letters its record as well, naming the key."""
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+
+    topic = new_topic(partitions=1)
+    rows = [{"id": i, "who": f"payer-{i}"} for i in range(3)]
+    values = _json_schema(registry_client, topic, rows)
+    key_ctx = SerializationContext(topic, MessageField.KEY)
+    keys = [AvroSerializer(registry_client, '"string"')(f"acct-{i}", key_ctx) for i in range(3)]
+    producer = Producer({"bootstrap.servers": broker.bootstrap})
+    for key, value in [*zip(keys, values, strict=True), (b"\x09not-avro", values[0])]:
+        producer.produce(topic, value, key)
+    assert producer.flush(30) == 0
+    seen: list[tuple[Any, Any]] = []
+    consumer = Consumer(
+        lambda msg: seen.append((msg.decoded_key(), msg.decoded_value())),
+        bootstrap=broker.bootstrap, topic=topic, group=f"serde-{uuid.uuid4().hex[:8]}",
+        key_format="avro", value_format="json-schema", schema_registry=schema_registry.url,
+        max_messages=4, idle_exit=30,
+    )
+    assert consumer.run() == 4
+    assert sorted(seen, key=lambda s: s[1]["id"]) == [(f"acct-{r['id']}", r) for r in rows]
+    letters = dead_letters_of_kafka(broker.bootstrap, topic, 1)
+    assert list(letters) == [3]
+    assert letters[3]["htmqc-dlq-error-message"] == (
+        f"avro key of {topic}/0@3: Invalid magic byte")
