@@ -5,7 +5,10 @@ Theory of operation
 The decision is the core's (:mod:`htmqc.core.failures`: a table of facts to
 RetryAt / HandOff / DeadLetter(kind)); this module only gathers the facts it
 alone can see (the exception's class and classification, the poison
-detector's verdict, a too-large value, a retry-topic record's prior attempts,
+detector's verdict, a too-large value, a record that does not decode
+(:class:`~htmqc.runtime.decode.DecodeError`: permanent whatever the user's
+classification, and like a too-large value not a breaker failure, since the
+handler never ran), a retry-topic record's prior attempts,
 how long the circuit breaker holds work) and does the I/O the answer asks
 for, on the poll thread: :class:`Failures` keeps the retry timers on the
 injected clock (only the failed key is held back, in its lane), and sends
