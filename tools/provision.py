@@ -8,8 +8,10 @@ Contract
   - PostgreSQL on 127.0.0.1:5432, trust authentication from 127.0.0.1 and ::1 only, a
     superuser role named after the user running this (and ``postgres``), database ``test``;
   - Redis on 127.0.0.1:6379, without persistence (no RDB snapshots, no AOF).
-* Fetches Apache Kafka from Maven Central into ``build/kafka/`` (see ``tools/kafka/``), and
-  Spark's Kafka connector into ``build/spark-kafka/`` (see ``tools/spark-kafka/``).
+* Fetches Apache Kafka from Maven Central into ``build/kafka/`` (see ``tools/kafka/``),
+  Spark's Kafka connector into ``build/spark-kafka/`` (see ``tools/spark-kafka/``), and
+  Apicurio Registry's distribution into ``build/apicurio/app`` (see ``tools/apicurio/``;
+  the Schema Registry of the serializer tests, started by them: src/htmqc/schema_registry.py).
 * Idempotent, and fast when everything is there: a second run only probes (well under
   a second plus the Maven check, which is a stamp file).
 * Uses the standard library only: it runs with the system ``python3`` before the venv exists.
@@ -247,6 +249,35 @@ def spark_kafka() -> None:
     maven_jars("spark-kafka", "Spark's Kafka connector")
 
 
+def apicurio() -> None:
+    """Apicurio Registry's distribution (``tools/apicurio/``), unpacked into
+    build/apicurio/app (a stamp newer than the pom makes reruns free). Maven reads
+    Maven Central only (tools/apicurio/settings.xml): the registry's parent pom names
+    other repositories that nothing here needs."""
+    tools = ROOT / "tools" / "apicurio"
+    pom = tools / "pom.xml"
+    app = BUILD / "apicurio" / "app"
+    stamp = BUILD / "apicurio" / ".stamp"
+    if (stamp.exists() and stamp.stat().st_mtime >= pom.stat().st_mtime
+            and any(app.glob("apicurio-registry-app-*-runner.jar"))):
+        say(f"Apicurio Registry in {app.relative_to(ROOT)}")
+        return
+    say("fetching Apicurio Registry from Maven Central (once, ~140 MB)")
+    markers = BUILD / "apicurio" / "markers"  # Maven's "unpacked already" notes
+    for old in (app, markers):
+        shutil.rmtree(old, ignore_errors=True)
+    app.mkdir(parents=True)
+    run(["mvn", "-q", "-B", "-s", str(tools / "settings.xml"), "-f", str(pom),
+         "dependency:unpack-dependencies", f"-DoutputDirectory={app}",
+         f"-DmarkersDirectory={markers}"], timeout=1800,
+        what="mvn dependency:unpack-dependencies (Apicurio Registry)")
+    if not any(app.glob("apicurio-registry-app-*-runner.jar")):
+        raise ProvisionError(f"no Apicurio runner jar in {app} after unpacking",
+                             f"check {pom.relative_to(ROOT)}")
+    stamp.touch()
+    say(f"Apicurio Registry in {app.relative_to(ROOT)}")
+
+
 STEPS: dict[str, tuple[tuple[str, ...], Callable[[], None] | None]] = {
     "postgres": (("postgres",), postgres),
     "redis": (("redis",), redis),
@@ -254,6 +285,7 @@ STEPS: dict[str, tuple[tuple[str, ...], Callable[[], None] | None]] = {
     "chromium": (("chromium",), None),
     "kafka": (("java", "maven"), kafka),
     "spark-kafka": (("java", "maven"), spark_kafka),
+    "apicurio": (("java", "maven"), apicurio),
 }
 
 

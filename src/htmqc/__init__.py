@@ -22,11 +22,13 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from htmqc.api import Consumer
     from htmqc.ports import Message
+    from htmqc.runtime.decode import DecodedMessage, DecodeError
 
 
 def __getattr__(name: str) -> Any:
-    """``htmqc.Consumer`` and ``htmqc.Message``, imported when first used (the
-    runtime and confluent-kafka are not loaded by ``import htmqc``)."""
+    """``htmqc.Consumer``, ``htmqc.Message``, ``htmqc.DecodedMessage`` and
+    ``htmqc.DecodeError``, imported when first used (the runtime and
+    confluent-kafka are not loaded by ``import htmqc``)."""
     if name == "Consumer":
         from htmqc.api import Consumer
 
@@ -35,6 +37,10 @@ def __getattr__(name: str) -> Any:
         from htmqc.ports import Message
 
         return Message
+    if name in ("DecodedMessage", "DecodeError"):
+        from htmqc.runtime import decode
+
+        return getattr(decode, name)
     raise AttributeError(f"module 'htmqc' has no attribute {name!r}")
 
 
@@ -44,6 +50,8 @@ __all__ = [
     "ConsumerCore",
     "CoreError",
     "DeadLetter",
+    "DecodeError",
+    "DecodedMessage",
     "FailureKind",
     "IllegalTransition",
     "Message",

@@ -27,6 +27,19 @@ wins, then the ``profile``'s values, then the sink's defaults (a ``kafka:``
 sink commits 10,000 messages per transaction), then the schema's. A bad option
 is a :class:`~htmqc.errors.UsageError` when the consumer is built; a handler
 whose signature does not fit the mode, when it is registered.
+
+Decoded messages (:mod:`htmqc.runtime.decode`): with ``value_format`` (or
+``key_format``) other than ``"bytes"`` the handler gets a
+:class:`~htmqc.runtime.decode.DecodedMessage`, whose ``decoded_value()`` /
+``decoded_key()`` are the decoded ones (``value()`` stays the raw bytes); a
+record that does not decode is dead-lettered (a :class:`~htmqc.Permanent`)::
+
+    consumer = Consumer(bootstrap=..., topic="payments", group="ledger",
+                        value_format="protobuf", protobuf_type=payment_pb2.Payment,
+                        schema_registry="http://127.0.0.1:8081")
+
+``protobuf_type`` / ``key_protobuf_type`` take the message class itself here, or
+its ``"module:Class"`` as on the command line.
 """
 
 from __future__ import annotations
@@ -34,10 +47,12 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any, TypeVar, overload
 
 from htmqc.config import FIELDS, resolve
 from htmqc.errors import RuntimeFailure, UsageError
+from htmqc.runtime.decode import check_formats
 from htmqc.runtime.handlers import by_topic, check_handler
 from htmqc.runtime.launch import prepare, serve
 from htmqc.runtime.options import RunOptions
@@ -71,7 +86,15 @@ class Consumer:
             )
         kafka = {k: str(v).lower() if isinstance(v, bool) else str(v)
                  for k, v in (kafka_config or {}).items()}
-        self._init(resolve(options, kafka, environ={}), handler)
+        classes = {
+            side: options.pop(name)
+            for side, name in (("value", "protobuf_type"), ("key", "key_protobuf_type"))
+            if isinstance(options.get(name), type)
+        }
+        resolved = resolve(options, kafka, environ={})
+        if classes:
+            resolved = replace(resolved, message_types=classes)
+        self._init(resolved, handler)
 
     @classmethod
     def from_options(
@@ -83,6 +106,7 @@ class Consumer:
         return consumer
 
     def _init(self, options: RunOptions, handler: Callable[..., Any] | None) -> None:
+        check_formats(options)
         self.options = options
         self._handlers: dict[str | None, Callable[..., Any]] = {}
         self._thread: threading.Thread | None = None

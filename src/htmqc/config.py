@@ -353,7 +353,7 @@ def resolve(
         [
             str(src.get(name))
             for src in (cli, env_opts, file_opts)
-            for name in ("sink", "redis_url", "bootstrap")
+            for name in ("sink", "redis_url", "bootstrap", "schema_registry")
             if isinstance(src.get(name), str)
         ],
     )

@@ -5,7 +5,10 @@ Theory of operation
 The decision is the core's (:mod:`htmqc.core.failures`: a table of facts to
 RetryAt / HandOff / DeadLetter(kind)); this module only gathers the facts it
 alone can see (the exception's class and classification, the poison
-detector's verdict, a too-large value, a retry-topic record's prior attempts,
+detector's verdict, a too-large value, a record that does not decode
+(:class:`~htmqc.runtime.decode.DecodeError`: permanent whatever the user's
+classification, and like a too-large value not a breaker failure, since the
+handler never ran), a retry-topic record's prior attempts,
 how long the circuit breaker holds work) and does the I/O the answer asks
 for, on the poll thread: :class:`Failures` keeps the retry timers on the
 injected clock (only the failed key is held back, in its lane), and sends
@@ -33,9 +36,10 @@ from htmqc.core.breaker import BreakerEvent
 from htmqc.core.decisions import TopicPartition
 from htmqc.core.gate import Hold
 from htmqc.core.poison import PoisonDetector
-from htmqc.core.retry import Permanent
+from htmqc.core.retry import FailureKind, Permanent
 from htmqc.dlq.record import DeadLetterInfo
 from htmqc.logs import describe, error_text
+from htmqc.runtime.decode import DecodeError
 from htmqc.runtime.lanes import Lease
 from htmqc.runtime.retry_topic import prior_attempts, retry_headers
 
@@ -90,16 +94,19 @@ class Failures:
         now = e.clock.monotonic()
         first = self._first.setdefault((tp, offset), wall)
         too_large = isinstance(exc, MessageTooLarge)
+        # A record that does not decode is dead-lettered at once, whatever the
+        # user's classification says, and the handler never ran on it.
+        undecodable = isinstance(exc, DecodeError)
         from_retry_topic = tp[0] == e.retry_topic
         failure = Failure(
-            kind=classify(exc, e.error_kinds),
+            kind=FailureKind.PERMANENT if undecodable else classify(exc, e.error_kinds),
             poison=self.poison.failed((tp, offset), now),
             fatal=not isinstance(exc, Exception),
             too_large=too_large,
             from_retry_topic=from_retry_topic,
             prior_attempts=prior_attempts(msg) if from_retry_topic else 0,
         )
-        if not too_large:  # the handler never ran on a too-large message
+        if not (too_large or undecodable):  # the handler never ran on these
             self.breaker_event(self.breaker.failed(tp, offset, error_class(exc), now))
         decision = e.core.failed(
             tp, epoch, offset, failure, wall, self.rng.random(),

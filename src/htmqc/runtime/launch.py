@@ -19,6 +19,7 @@ from htmqc.core.retry import FailureKind
 from htmqc.dlq.record import dlq_topic, poison_topic
 from htmqc.errors import RuntimeFailure, UsageError
 from htmqc.logs import LIBRDKAFKA_LOGGER, flush_repeats, limit_repeats
+from htmqc.runtime.decode import wants_decoding
 from htmqc.runtime.handlers import check_handler
 from htmqc.runtime.loop import Engine
 from htmqc.runtime.options import EXACTLY_ONCE, RunOptions
@@ -159,6 +160,11 @@ def build_engine(
 
     check_handler(handler, options.mode)
     limit_repeats()  # htmqc's and librdkafka's repeated lines (htmqc.logs)
+    decoders = None
+    if wants_decoding(options):  # formats checked, Protobuf classes imported: no I/O yet
+        from htmqc.serde import build_decoders
+
+        decoders = build_decoders(options)
     if options.mode == EXACTLY_ONCE and not options.sink:
         raise UsageError(
             "exactly-once needs a sink",
@@ -250,6 +256,7 @@ def build_engine(
             producer_factory=producer,
             metrics=metrics,
             error_kinds=load_error_kinds(options),
+            decoders=decoders,
         )
     )
     return engine[0]

@@ -63,6 +63,7 @@ from htmqc.errors import HtmqcError, RuntimeFailure
 from htmqc.kafka_defaults import consumer_config
 from htmqc.observe.tracing import batch_spans, commit_spans
 from htmqc.ports import Clock, ConsumerPort, ProducerPort, Sink, SystemClock
+from htmqc.runtime.decode import Decoders, decoding, wants_decoding
 from htmqc.runtime.delivery import AtLeastOnce, ExactlyOnce
 from htmqc.runtime.failures_io import Failures, MessageTooLarge, check_size
 from htmqc.runtime.handlers import EventLoopThread, check_handler, is_async, synchronous
@@ -117,9 +118,13 @@ class Engine:
     where events are counted (optional). ``error_kinds``: the user's exception
     types and how to treat them (:func:`~htmqc.core.classify`). ``lockstep``:
     after each turn wait until the workers are idle (replay, deterministic
-    tests; see :mod:`htmqc.runtime.workers`).
+    tests; see :mod:`htmqc.runtime.workers`). ``decoders``: what decodes keys and
+    values before each handler call (:mod:`htmqc.runtime.decode`); by default
+    :func:`htmqc.serde.build_decoders` of ``options`` (none for ``bytes``); the
+    engine closes them when it ends.
 
-    :raises UsageError: the handler's signature does not fit the mode.
+    :raises UsageError: the handler's signature does not fit the mode, or the
+        formats cannot work (:func:`~htmqc.runtime.decode.check_formats`).
     """
 
     def __init__(
@@ -137,8 +142,14 @@ class Engine:
         error_kinds: Mapping[type[BaseException], FailureKind] | None = None,
         lockstep: bool = False,
         breaker: BreakerPolicy | None = None,
+        decoders: Decoders | None = None,
     ) -> None:
         check_handler(handler, options.mode)
+        if decoders is None and wants_decoding(options):
+            from htmqc.serde import build_decoders
+
+            decoders = build_decoders(options)
+        self.decoders = decoders
         self.options = options
         self.consumer = consumer
         self.sink = sink
@@ -187,6 +198,8 @@ class Engine:
         self.stats = Stats(metrics)
         self._event_loop = EventLoopThread() if is_async(handler) else None
         call = synchronous(handler, self._event_loop)
+        if decoders is not None:  # the handler gets DecodedMessages (htmqc.runtime.decode)
+            call = decoding(call, decoders, batch=options.batch)
         timed = metrics is not None
         span = batch_spans() if options.otel else None
         self._commit_span = commit_spans(options.mode) if options.otel else None
@@ -744,6 +757,9 @@ class Engine:
         if self.sink is not None:
             with suppress(Exception):
                 self.sink.close()
+        if self.decoders is not None:
+            with suppress(Exception):
+                self.decoders.close()
 
     def _close_threads(self) -> None:
         if self.eo is not None:
@@ -751,6 +767,8 @@ class Engine:
         self.workers.close()
         if self._event_loop is not None:
             self._event_loop.close()
+        if self.decoders is not None:
+            self.decoders.close()
 
     def _install_signals(self) -> dict[int, Any]:
         if threading.current_thread() is not threading.main_thread():

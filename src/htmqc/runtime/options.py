@@ -25,6 +25,10 @@ LOG_FORMATS = ("text", "json")
 #: ``--group-protocol``: Kafka's classic rebalance protocol, or KIP-848's ``consumer``
 #: protocol (Kafka 4.0 and later; the broker assigns and keeps the session timeout).
 GROUP_PROTOCOLS = ("classic", "consumer")
+#: ``--value-format`` / ``--key-format`` (:mod:`htmqc.runtime.decode`): ``bytes`` hands
+#: the handler the raw message; the others decode it first, the last three through a
+#: Confluent Schema Registry (``--schema-registry``).
+FORMATS = ("bytes", "json", "avro", "protobuf", "json-schema")
 
 #: ``--profile``: defaults tuned for a goal. An option given on the command line,
 #: in the environment or in ``--config`` wins over its profile's value.
@@ -131,6 +135,10 @@ class RunOptions:
     /metrics, /state, /state.json on ``metrics_host``), ``redis_url`` (mirror the
     backpressure state into a Redis key), ``log_format`` (:data:`LOG_FORMATS`),
     ``otel`` (OpenTelemetry spans per batch and commit: :mod:`htmqc.observe.tracing`).
+    Decoding (:mod:`htmqc.runtime.decode`): ``value_format`` / ``key_format``
+    (:data:`FORMATS`), ``schema_registry`` (the registry's URL), ``protobuf_type`` /
+    ``key_protobuf_type`` (``module:Class``) or ``message_types`` (the library API's
+    Protobuf classes as objects, by side: ``{"value": cls, "key": cls}``).
     """
 
     bootstrap: str = opt(help="Kafka bootstrap servers HOST:PORT")
@@ -271,6 +279,27 @@ class RunOptions:
         "classic", "consumer-group protocol (consumer: KIP-848, Kafka 4+)",
         choices=GROUP_PROTOCOLS,
     )  # fmt: skip
+    value_format: str = opt(
+        "bytes", "decode values before the handler: msg.decoded_value() (a record that "
+        "does not decode is dead-lettered)", choices=FORMATS,
+    )  # fmt: skip
+    key_format: str = opt(
+        "bytes", "decode keys before the handler: msg.decoded_key()", choices=FORMATS
+    )
+    schema_registry: str | None = opt(
+        None, "Confluent Schema Registry URL (avro, protobuf, json-schema)", metavar="URL"
+    )
+    protobuf_type: str | None = opt(
+        None, "the generated Protobuf class of the values (--value-format protobuf)",
+        metavar="MODULE:CLASS",
+    )  # fmt: skip
+    key_protobuf_type: str | None = opt(
+        None, "the generated Protobuf class of the keys (--key-format protobuf)",
+        metavar="MODULE:CLASS",
+    )  # fmt: skip
+    message_types: dict[str, Any] = field(
+        default_factory=dict, metadata={"htmqc": Spec(cli=False)}
+    )
 
 
 @dataclass(frozen=True, slots=True)
