@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from htmqc.core import Commit, ConsumerCore
 from htmqc.core.decisions import TopicPartition
+from htmqc.core.metadata_budget import DEFAULT_LIMIT, PREFIX_BYTES, fitting_prefix
 from htmqc.dlq import table as dlq_table
 from htmqc.dlq.headers import dlq_headers
 from htmqc.dlq.record import DeadLetterInfo, dlq_topic
@@ -63,9 +64,16 @@ class AtLeastOnce:
     """Kafka commits of the watermark, asynchronous, acked through the core."""
 
     def __init__(
-        self, consumer: ConsumerPort | None, producer_factory: Callable[[], ProducerPort]
+        self,
+        consumer: ConsumerPort | None,
+        producer_factory: Callable[[], ProducerPort],
+        metadata_limit: int = DEFAULT_LIMIT,
     ) -> None:
         self.consumer = consumer
+        #: The broker's ``offset.metadata.max.bytes`` (``--commit-metadata-bytes``).
+        self.metadata_limit = metadata_limit
+        #: Commits whose finished-above set was cut to fit (:meth:`metadata`).
+        self.truncated = 0
         self._producer_factory = producer_factory
         self._producer: ProducerPort | None = None
         self._producer_lock = threading.Lock()
@@ -98,12 +106,7 @@ class AtLeastOnce:
         if not commits:
             return
         assert self.consumer is not None
-        offsets = [
-            KafkaTP(
-                c.tp[0], c.tp[1], c.offset, metadata=encode_metadata(c.offset, c.finished_above)
-            )
-            for c in commits
-        ]
+        offsets = [KafkaTP(c.tp[0], c.tp[1], c.offset, metadata=self.metadata(c)) for c in commits]
         for c in commits:
             self._pending[(c.tp, c.offset)] = c.epoch
         if not sync:
@@ -118,6 +121,20 @@ class AtLeastOnce:
             return
         self.acks.append((None, result or []))
         self.drain_acks(core)
+
+    def metadata(self, commit: Commit) -> str:
+        """``commit``'s metadata; a finished-above set whose text would pass the limit
+        (Kafka would refuse the commit, and the position would never move) keeps
+        its longest prefix of runs that fits: the offsets left out run again after
+        a restart, which at-least-once allows (the intake's throttle makes this rare)."""
+        text = encode_metadata(commit.offset, commit.finished_above)
+        if len(text) <= self.metadata_limit:
+            return text
+        self.truncated += 1
+        kept = fitting_prefix(
+            commit.offset, commit.finished_above, self.metadata_limit - PREFIX_BYTES
+        )
+        return encode_metadata(commit.offset, kept)
 
     def dead_letter(self, topic: str, msg: Message, info: DeadLetterInfo) -> None:
         """Write ``msg`` (same key and value, headers of :func:`dlq_headers`) to

@@ -211,7 +211,9 @@ class Engine:
             self.eo = ExactlyOnce(self, worker, options.txn_ms / 1000.0)
             self.alo = AtLeastOnce(consumer, _no_producer)
         else:
-            self.alo = AtLeastOnce(consumer, producer_factory or _no_producer)
+            self.alo = AtLeastOnce(
+                consumer, producer_factory or _no_producer, options.commit_metadata_bytes
+            )
             batch = None
             if options.batch:
                 batch = whole = call
@@ -356,6 +358,8 @@ class Engine:
                 "assignments": stats.assignments,
                 "finished": stats.finished,
                 "retries_waiting": len(self.failures.timers),
+                "metadata_throttled": stats.throttled,
+                "throttled_partitions": sorted(f"{t}/{p}" for t, p in self.intake.throttled),
                 "max_poll_gap_s": round(stats.max_poll_gap, 4),
                 "breaker": self.breaker.snapshot(self.clock.monotonic()),
                 "broker_down_s": (
@@ -517,6 +521,8 @@ class Engine:
         failures.breaker_event(self.breaker.tick(now))
         if failures.timers:
             failures.fire(now)
+        if self.intake.throttled:
+            self.intake.release(now)
         own.tick(now)
         if short and now - self._last_position >= _POSITION_EVERY:
             self._last_position = now
