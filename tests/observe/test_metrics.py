@@ -33,6 +33,7 @@ EXPOSED = {
     "htmqc_retries_total",
     "htmqc_dlq_total",
     "htmqc_duplicates_suppressed_total",
+    "htmqc_metadata_throttled_total",
     "htmqc_rebalances_total",
     "htmqc_contract_violations_total",
     "htmqc_offset",

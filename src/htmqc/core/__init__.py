@@ -5,7 +5,9 @@ as values. See :mod:`htmqc.core.lifecycle` (the transition table),
 :mod:`htmqc.core.partition` (the offset tracker), :mod:`htmqc.core.consumer`
 (the consumer-level core the runtime drives), :mod:`htmqc.core.failures` (what
 becomes of a failed message), :mod:`htmqc.core.gate` (which partitions may
-fetch) and :mod:`htmqc.core.breaker` (the circuit breaker).
+fetch), :mod:`htmqc.core.breaker` (the circuit breaker),
+:mod:`htmqc.core.position_text` (the stored text form of ``finished_above``) and
+:mod:`htmqc.core.metadata_budget` (how much work fits Kafka's commit metadata).
 """
 
 from htmqc.core.breaker import Breaker, BreakerPolicy, BreakerState

@@ -57,7 +57,10 @@ that says how it moves. Unassigned partitions are not stored::
 * *Reclaiming*: a claim is on its way (after the grace, or after a rolled-back
   transaction for a partition that is still ours); when it comes back the
   partition seeks to the claimed position.
-* *Waiting*: the next retry-topic record is not due; paused and rewound to it.
+* *Waiting*: the next retry-topic record is not due, or the commit-metadata
+  budget holds the rest of a batch back (:mod:`htmqc.core.metadata_budget`; the
+  runtime makes it due as soon as the partition's live work drained enough);
+  paused and rewound to it.
 * *Draining* / *Leaving*: being revoked, with / without work the core holds.
 
 The effects are derived from the table with four sets, not written per edge:

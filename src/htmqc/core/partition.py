@@ -172,6 +172,22 @@ class PartitionTracker:
         """True once the partition is being revoked: nothing new may start."""
         return self._draining
 
+    @property
+    def live_count(self) -> int:
+        """How many fetched offsets are unfinished (Pending, Processing, Failed...):
+        ``len(in_flight())`` in O(1)."""
+        return len(self._live)
+
+    @property
+    def finished_count(self) -> int:
+        """How many offsets :meth:`finished_above` lists, in O(1)."""
+        return len(self._order) - len(self._live) + len(self._skip)
+
+    def highest_held(self) -> int | None:
+        """The highest offset the sink held at assignment that no fetch covered
+        yet (``finished_above`` of :meth:`__init__`), or ``None``."""
+        return max(self._skip) if self._skip else None
+
     def state_of(self, offset: int) -> MessageState | None:
         """The state of an unfinished offset; ``None`` if finished or never fetched."""
         return self._live.get(offset)

@@ -26,6 +26,7 @@ Metric names (all prefixed ``htmqc_``)::
     retries_total                                      counter
     dlq_total{kind}                                    counter; kind in DLQ_KINDS
     duplicates_suppressed_total                        counter
+    metadata_throttled_total                           counter (batches cut short)
     rebalances_total                                   counter
     contract_violations_total                          counter
     breaker_transitions_total{event}                   counter; event: a BreakerEvent value
@@ -262,6 +263,12 @@ class Metrics:
             registry=r,
         )
         self._rebalances = Counter("htmqc_rebalances", "Group rebalances seen", registry=r)
+        self._throttled = Counter(
+            "htmqc_metadata_throttled",
+            "Fetched batches cut short: the offsets finished out of order could outgrow "
+            "the commit metadata",
+            registry=r,
+        )
         self._violations = Counter(
             "htmqc_contract_violations", "Core contract violations detected", registry=r
         )
@@ -339,6 +346,10 @@ class Metrics:
     def duplicates_suppressed(self, n: int = 1) -> None:
         """``n`` messages were not run again: the sink already held them."""
         self._duplicates.inc(n)
+
+    def metadata_throttled(self, n: int = 1) -> None:
+        """``n`` fetched batches were cut short to keep the commit metadata in bounds."""
+        self._throttled.inc(n)
 
     def rebalanced(self, n: int = 1) -> None:
         """A rebalance happened."""

@@ -57,6 +57,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 
 from htmqc.core import Commit, ConsumerCore
 from htmqc.core.decisions import TopicPartition
+from htmqc.core.metadata_budget import DEFAULT_LIMIT, PREFIX_BYTES, fitting_prefix
 from htmqc.dlq import table as dlq_table
 from htmqc.dlq.headers import dlq_headers
 from htmqc.dlq.record import DeadLetterInfo, dlq_topic
@@ -79,16 +80,7 @@ DLQ_TABLE = dlq_table.table_name()
 #: Real seconds between two log lines about failed lag commits (all are counted).
 LAG_LOG_EVERY = 60.0
 
-__all__ = ["DLQ_TABLE", "LAG_LOG_EVERY", "AtLeastOnce", "ExactlyOnce", "dlq_topic", "kafka_offsets"]
-
-
-def kafka_offsets(commits: Sequence[Commit]) -> list[KafkaTP]:
-    """The core's ``commits`` as the offsets of a Kafka commit: each watermark,
-    with ``finished_above`` in the metadata (:func:`~htmqc.sinks.encoding.encode_metadata`)."""
-    return [
-        KafkaTP(c.tp[0], c.tp[1], c.offset, metadata=encode_metadata(c.offset, c.finished_above))
-        for c in commits
-    ]
+__all__ = ["DLQ_TABLE", "LAG_LOG_EVERY", "AtLeastOnce", "ExactlyOnce", "dlq_topic"]
 
 
 class AtLeastOnce:
@@ -102,10 +94,15 @@ class AtLeastOnce:
         self,
         consumer: ConsumerPort | None,
         producer_factory: Callable[[], ProducerPort],
+        metadata_limit: int = DEFAULT_LIMIT,
         *,
         metrics: Metrics | None = None,
     ) -> None:
         self.consumer = consumer
+        #: The broker's ``offset.metadata.max.bytes`` (``--commit-metadata-bytes``).
+        self.metadata_limit = metadata_limit
+        #: Commits whose finished-above set was cut to fit (:meth:`metadata`).
+        self.truncated = 0
         self._producer_factory = producer_factory
         self._producer: ProducerPort | None = None
         self._producer_lock = threading.Lock()
@@ -149,7 +146,7 @@ class AtLeastOnce:
         if not commits:
             return
         assert self.consumer is not None
-        offsets = kafka_offsets(commits)
+        offsets = self.kafka_offsets(commits)
         for c in commits:
             self._pending[(c.tp, c.offset)] = c.epoch
         if not sync:
@@ -183,7 +180,7 @@ class AtLeastOnce:
         assert self.consumer is not None
         self.mirrors = True
         try:
-            self.consumer.commit(offsets=kafka_offsets(commits), asynchronous=True)
+            self.consumer.commit(offsets=self.kafka_offsets(commits), asynchronous=True)
         except Exception as exc:  # a closed consumer, a refused request: best effort
             for c in commits:
                 self._lag_failed(c.tp, exc)
@@ -205,6 +202,25 @@ class AtLeastOnce:
             "position) could not be committed: %s%s", tp[0], tp[1], error, more,
         )
         self._lag_logged, self._lag_unlogged = now, 0
+
+    def kafka_offsets(self, commits: Sequence[Commit]) -> list[KafkaTP]:
+        """The core's ``commits`` as the offsets of a Kafka commit: each watermark,
+        with ``finished_above`` in the metadata (:meth:`metadata`)."""
+        return [KafkaTP(c.tp[0], c.tp[1], c.offset, metadata=self.metadata(c)) for c in commits]
+
+    def metadata(self, commit: Commit) -> str:
+        """``commit``'s metadata; a finished-above set whose text would pass the limit
+        (Kafka would refuse the commit, and the position would never move) keeps
+        its longest prefix of runs that fits: the offsets left out run again after
+        a restart, which at-least-once allows (the intake's throttle makes this rare)."""
+        text = encode_metadata(commit.offset, commit.finished_above)
+        if len(text) <= self.metadata_limit:
+            return text
+        self.truncated += 1
+        kept = fitting_prefix(
+            commit.offset, commit.finished_above, self.metadata_limit - PREFIX_BYTES
+        )
+        return encode_metadata(commit.offset, kept)
 
     def dead_letter(self, topic: str, msg: Message, info: DeadLetterInfo) -> None:
         """Write ``msg`` (same key and value, headers of :func:`dlq_headers`) to

@@ -7,6 +7,15 @@ offsets the sink already holds, ``started_many``), and is handed to the workers
 in one command per partition and lane: the hand-off costs per batch, not per
 message.
 
+Commit-metadata budget: where the offsets finished out of order travel in Kafka's
+offset-commit metadata (the exactly-once Kafka sink; at-least-once), a batch is
+cut to the leading offsets the core's :func:`~htmqc.core.metadata_budget.admissible`
+allows; the partition is rewound to the first offset left out and paused (the
+gate's Waiting state, as for a retry-topic record). :meth:`Intake.release`, each
+turn, resumes it once its live work drained enough (or after
+:data:`THROTTLE_RECHECK_SECONDS`, a safety net); no busy loop, and nothing is
+fetched for it meanwhile. Exactly-once into a database has no such limit.
+
 Offsets between the core's ``next`` and a batch's first record are a gap (the
 broker skipped them), but only if the batch was read from where the partition
 now stands: records of a consume call that returned before the partition's latest
@@ -26,8 +35,10 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import KafkaError, Message
 
 from htmqc.core.decisions import TopicPartition
+from htmqc.core.gate import GateState
+from htmqc.core.metadata_budget import admissible
 from htmqc.errors import RuntimeFailure
-from htmqc.runtime.options import RunOptions
+from htmqc.runtime.options import EXACTLY_ONCE, RunOptions
 from htmqc.runtime.retry_topic import retry_after_ms
 
 if TYPE_CHECKING:
@@ -48,12 +59,43 @@ ANY_READERS: tuple[Callable[[Any], Any], ...] = (
 )
 
 
+#: Seconds a throttled partition waits at most before it is fetched again (it is
+#: normally resumed earlier, by :meth:`Intake.release`, when its live work drains).
+THROTTLE_RECHECK_SECONDS = 1.0
+#: A throttled partition resumes once this many more offsets would be admitted
+#: (or nothing is live): resuming for one offset at a time would refetch per offset.
+RELEASE_AT = 64
+
+
+def metadata_budget(engine: Engine) -> tuple[int, int | None] | None:
+    """``(limit, soft)`` for :func:`~htmqc.core.metadata_budget.admissible`, or
+    ``None`` when commits carry no Kafka metadata (exactly-once into a database).
+    Exactly-once Kafka->Kafka: the worst case must fit (too long is fatal there);
+    at-least-once: only once the text passes half the limit (too long a commit is
+    refused, and the delivery truncates it, :func:`~htmqc.core.metadata_budget.fitting_prefix`)."""
+    options = engine.options
+    limit = options.commit_metadata_bytes
+    if options.mode == EXACTLY_ONCE:
+        sink = engine.sink
+        if sink is None or not sink.writes_kafka:
+            return None
+        # the sink's own guard (KafkaSink.metadata_max_bytes) must never trip
+        return min(limit, int(getattr(sink, "metadata_max_bytes", limit))), None
+    return limit, limit // 2
+
+
 class Intake:
     """Turns consumed batches into worker commands (see module docs)."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._log_error = ErrorLog(time.monotonic)
+        self.budget = metadata_budget(engine)
+        #: Partitions held back by the metadata budget, and the tracker's
+        #: ``(processed, live_count)`` when last looked at.
+        self.throttled: dict[TopicPartition, tuple[int, int]] = {}
+        #: Partitions whose first throttle was logged (at info; later ones at debug).
+        self._told: set[TopicPartition] = set()
 
     def _error(self, err: Any) -> None:
         """A consumer error that is not fatal: rate-limited to the log; a broker
@@ -86,6 +128,7 @@ class Intake:
         gate = e.ownership
         breaker = e.breaker
         allowance = breaker.allowance()
+        budget = self.budget
         for tp, batch in self.by_partition(msgs, partition):
             lease = gate.lease(tp)
             if lease is None or not gate.fetchable(tp) or core.tracker(tp).draining:
@@ -116,6 +159,14 @@ class Intake:
                 if len(batch) > 1:
                     gate.seek(tp, offsets[1])
                     batch, offsets = batch[:1], offsets[:1]
+            if budget is not None:
+                tracker = core.tracker(tp)
+                k = admissible(tracker, offsets, *budget)
+                if k < len(offsets):
+                    self.throttle(tp, offsets[k], now, tracker.processed, tracker.live_count)
+                    if not k:
+                        continue
+                    batch, offsets = batch[:k], offsets[:k]
             run = core.fetched(tp, lease.epoch, offsets)
             if len(run) != len(batch):
                 if e.metrics is not None:
@@ -133,6 +184,48 @@ class Intake:
             lease.nbytes += nbytes
             e.stats.started(len(run), nbytes)
             e.workers.submit(lease, batch, (list(run), nbytes))
+
+    def throttle(
+        self, tp: TopicPartition, offset: int, now: float, processed: int, live: int
+    ) -> None:
+        """Hold ``tp`` back from ``offset`` on: rewind to it and pause (module docs)."""
+        e = self.engine
+        e.ownership.wait_until(tp, offset, now + THROTTLE_RECHECK_SECONDS)
+        if tp not in self.throttled:
+            told = tp in self._told
+            self._told.add(tp)
+            (log.debug if told else log.info)(
+                "%s/%d held back at offset %d: the offsets finished out of order could "
+                "outgrow the commit metadata (%d bytes); it goes on as its %d running "
+                "messages finish", tp[0], tp[1], offset, e.options.commit_metadata_bytes, live,
+            )  # fmt: skip
+        self.throttled[tp] = (processed, live)
+        e.stats.throttled += 1
+        if e.metrics is not None:
+            e.metrics.metadata_throttled()
+
+    def release(self, now: float) -> None:
+        """Each turn: resume the held-back partitions whose live work drained enough
+        (looked at only when their watermark or live count moved)."""
+        e = self.engine
+        budget = self.budget
+        gate = e.ownership.gate
+        for tp, seen in list(self.throttled.items()):
+            if budget is None or gate.state(tp) is not GateState.WAITING:
+                del self.throttled[tp]  # resumed by its timer, or gone
+                continue
+            tracker = e.core.tracker(tp)
+            mark = (tracker.processed, tracker.live_count)
+            if mark == seen:
+                continue
+            self.throttled[tp] = mark
+            nxt = tracker.next
+            if (
+                tracker.live_count == 0
+                or admissible(tracker, range(nxt, nxt + RELEASE_AT), *budget) == RELEASE_AT
+            ):
+                del self.throttled[tp]
+                e.ownership.wait_until(tp, nxt, now)  # due now: this turn's tick resumes it
 
     def by_partition(
         self, msgs: list[Any], partition: Callable[[Any], Any]

@@ -178,6 +178,7 @@ def build_engine(
             bootstrap=options.bootstrap,
             kafka_config=producer_overrides(options.kafka_config),
             member_id=options.member_id,
+            metadata_max_bytes=options.commit_metadata_bytes,
         )
         if options.retry_topic and not sink.writes_kafka:
             raise UsageError(

@@ -225,7 +225,9 @@ class Engine:
                 batch=options.batch,
             )
             self.workers = worker
-            self.alo = AtLeastOnce(consumer, _no_producer, metrics=metrics)
+            self.alo = AtLeastOnce(
+                consumer, _no_producer, options.commit_metadata_bytes, metrics=metrics
+            )
             # Lag tools read the group's offsets: copy the stored watermarks there,
             # unless the sink's transactions commit them already (Kafka->Kafka).
             lag = options.kafka_lag_commits and not sink.commits_group_offsets
@@ -233,7 +235,10 @@ class Engine:
                 self, worker, options.txn_ms / 1000.0, lag=self.alo if lag else None
             )
         else:
-            self.alo = AtLeastOnce(consumer, producer_factory or _no_producer)
+            self.alo = AtLeastOnce(
+                consumer, producer_factory or _no_producer, options.commit_metadata_bytes,
+                metrics=metrics,
+            )
             batch = None
             if options.batch:
                 batch = whole = call
@@ -394,6 +399,8 @@ class Engine:
                 "assignments": stats.assignments,
                 "finished": stats.finished,
                 "retries_waiting": len(self.failures.timers),
+                "metadata_throttled": stats.throttled,
+                "throttled_partitions": sorted(f"{t}/{p}" for t, p in self.intake.throttled),
                 "max_poll_gap_s": round(stats.max_poll_gap, 4),
                 "breaker": self.breaker.snapshot(self.clock.monotonic()),
                 "broker_down_s": (
@@ -555,6 +562,8 @@ class Engine:
         failures.breaker_event(self.breaker.tick(now))
         if failures.timers:
             failures.fire(now)
+        if self.intake.throttled:
+            self.intake.release(now)
         own.tick(now)
         if short and now - self._last_position >= _POSITION_EVERY:
             self._last_position = now

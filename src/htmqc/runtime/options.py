@@ -127,6 +127,11 @@ class RunOptions:
     classic-only settings are not sent. Under it a ``member_id`` already held
     by a live member fences the *new* member (it stops at start with one line),
     where the classic protocol fences the old one.
+    ``commit_metadata_bytes``: the broker's ``offset.metadata.max.bytes``; the
+    offsets finished out of order travel in the commit's metadata, and a partition
+    whose set could outgrow it gets no more work until it drains
+    (:mod:`htmqc.core.metadata_budget`; Kafka commits only: the exactly-once Kafka
+    sink, and at-least-once, which throttles from half of it).
     ``retry_topic``: backoffs of at least ``retry_topic_ms`` wait in
     ``<topic>.retry`` instead of in memory (:mod:`htmqc.runtime.retry_topic`).
     Flow: ``flow`` (:data:`FLOWS`), ``min_in_flight``, ``latency_target_ms``
@@ -300,6 +305,11 @@ class RunOptions:
     message_types: dict[str, Any] = field(
         default_factory=dict, metadata={"htmqc": Spec(cli=False)}
     )
+    commit_metadata_bytes: int = opt(
+        4096, "longest offset-commit metadata the broker takes (its "
+        "offset.metadata.max.bytes); a partition whose out-of-order offsets could outgrow "
+        "it is throttled", limits=(64, 2**31 - 1, True),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

@@ -201,7 +201,8 @@ class Ownership:
 
     def wait_until(self, tp: TopicPartition, offset: int, until: float) -> None:
         """Retry topic: the record at ``offset`` is due at ``until`` (the loop's
-        clock): rewind to it and pause ``tp`` until then."""
+        clock): rewind to it and pause ``tp`` until then. The metadata budget
+        holds a partition back the same way (:meth:`Intake.throttle`)."""
         self.do(self.gate.retry_wait(tp, offset, until))
 
     def seek(self, tp: TopicPartition, offset: int) -> None:

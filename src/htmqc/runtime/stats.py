@@ -35,6 +35,9 @@ class Stats:
         self.dlq_counts: dict[str, int] = {}
         #: Messages moved to the retry topic.
         self.retries_forwarded = 0
+        #: Fetched batches cut short because the offsets finished out of order could
+        #: outgrow the commit metadata (:mod:`htmqc.core.metadata_budget`).
+        self.throttled = 0
         #: Longest time between two ``consume`` calls, seconds (from the loop's clock).
         self.max_poll_gap = 0.0
         self._last_poll: float | None = None

@@ -16,11 +16,13 @@ def open_sink(
     bootstrap: str | None = None,
     kafka_config: Mapping[str, Any] | None = None,
     member_id: str | None = None,
+    metadata_max_bytes: int | None = None,
 ) -> Sink:
     """The sink named by ``url`` (see :mod:`htmqc.sinks.urls`), not yet opened:
     call ``open(group)`` to connect. ``bootstrap``, ``kafka_config`` (librdkafka
-    settings for the producer) and ``member_id`` (part of the transactional id)
-    are for ``kafka:TOPIC`` and ignored otherwise. Raises :class:`UsageError`
+    settings for the producer), ``member_id`` (part of the transactional id) and
+    ``metadata_max_bytes`` (the broker's ``offset.metadata.max.bytes``) are for
+    ``kafka:TOPIC`` and ignored otherwise. Raises :class:`UsageError`
     for a malformed URL or an SQLite path that cannot be written."""
     parsed = parse_sink_url(url)
     if parsed.kind == "sqlite":
@@ -37,6 +39,9 @@ def open_sink(
         )
     from htmqc.sinks.kafka import KafkaSink
 
-    return KafkaSink(
+    sink = KafkaSink(
         parsed.target, bootstrap=bootstrap, kafka_config=kafka_config, member_id=member_id
     )
+    if metadata_max_bytes is not None:
+        sink.metadata_max_bytes = metadata_max_bytes
+    return sink

@@ -170,6 +170,9 @@ class KafkaSink:
         self._txn: KafkaTransaction | None = None
         self._fences: dict[TopicPartition, int] = {}
         self._last_fence = 0
+        #: The broker's ``offset.metadata.max.bytes`` (the runtime sets it from
+        #: ``--commit-metadata-bytes``; its intake keeps every commit within it).
+        self.metadata_max_bytes = METADATA_MAX_BYTES
         #: Producers given up while stuck in librdkafka (:meth:`_abandon`).
         self._abandoned: list[Producer] = []
 
@@ -498,11 +501,14 @@ class KafkaTransaction:
             offsets = []
             for commit, _fence in sorted(commits, key=lambda item: item[0].tp):
                 metadata = encode_metadata(commit.offset, commit.finished_above)
-                if len(metadata) > METADATA_MAX_BYTES:
+                if len(metadata) > sink.metadata_max_bytes:
+                    # The runtime's intake throttles so that this cannot happen
+                    # (htmqc.core.metadata_budget); left as the guard it was.
                     raise RuntimeFailure(
                         f"kafka sink: {len(commit.finished_above)} offsets finished out of order "
-                        f"on {partition_name(commit.tp)} do not fit the commit metadata",
-                        "lower --max-in-flight so fewer messages finish out of order",
+                        f"on {partition_name(commit.tp)} do not fit the commit metadata "
+                        f"({len(metadata)} > {sink.metadata_max_bytes} bytes)",
+                        "set --commit-metadata-bytes to the broker's offset.metadata.max.bytes",
                     )
                 offsets.append(KafkaTopicPartition(*commit.tp, commit.offset, metadata=metadata))
                 if commit.finished_above:

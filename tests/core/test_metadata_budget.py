@@ -1,0 +1,198 @@
+"""The commit-metadata budget (:mod:`htmqc.core.metadata_budget`): the growth and
+window bounds checked exhaustively on small cases, and the key property: a
+partition that hands out work only as :func:`admissible` allows never commits
+metadata over the limit, whatever order its work finishes in."""
+
+from __future__ import annotations
+
+from functools import cache
+from itertools import combinations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from htmqc.core.lifecycle import Event
+from htmqc.core.metadata_budget import (
+    PREFIX_BYTES,
+    admissible,
+    encoded_size,
+    fitting_prefix,
+    item_max,
+    window_max,
+)
+from htmqc.core.partition import PartitionTracker
+from htmqc.core.position_text import decode_finished, encode_finished
+
+
+def size(base: int, offsets: set[int]) -> int:
+    return len(encode_finished(base, offsets))
+
+
+def subsets(width: int) -> list[set[int]]:
+    return [set(c) for n in range(width + 1) for c in combinations(range(width), n)]
+
+
+@pytest.mark.parametrize("width", range(13))
+def test_one_more_offset_grows_the_text_by_at_most_item_max_exhaustive(width: int) -> None:
+    for s in subsets(width):
+        for o in range(width):
+            if o not in s:
+                assert size(0, s | {o}) - size(0, s) <= item_max(o), (sorted(s), o)
+
+
+@given(
+    st.sets(st.integers(0, 3000), max_size=60),
+    st.integers(0, 3000),
+    st.sampled_from([1, 9, 10, 99, 100, 999]),
+)
+def test_growth_bound_with_long_gaps_and_runs(s: set[int], o: int, run: int) -> None:
+    # long runs and multi-digit gaps: "9:9" -> "8:10", "d" -> "d:2", gap digits
+    s = s | set(range(1000, 1000 + run))
+    if o not in s:
+        assert size(0, s | {o}) - size(0, s) <= item_max(o)
+
+
+@pytest.mark.parametrize("width", range(15))
+def test_window_bound_exhaustive(width: int) -> None:
+    assert max(size(0, s) for s in subsets(width)) <= window_max(width)
+
+
+@cache
+def _best_ending(p: int) -> int:
+    """The longest text of a set in [0, p) whose last run ends at p (exclusive)."""
+    best = -1
+    for length in range(1, p + 1):
+        start = p - length
+        run = len(str(length)) + 1 if length > 1 else 0
+        best = max(best, len(str(start)) + run)  # the first item, gap from 0
+        for gap in range(1, start + 1):
+            before = _best_ending(start - gap)
+            if before >= 0:
+                best = max(best, before + 1 + len(str(gap)) + run)
+    return best
+
+
+@pytest.mark.parametrize("width", [20, 40, 60])
+def test_window_bound_against_the_exact_maximum(width: int) -> None:
+    exact = max([0] + [_best_ending(p) for p in range(1, width + 1)])
+    assert exact <= window_max(width) <= exact + 2
+
+
+@given(st.sets(st.integers(1, 400), max_size=80))
+def test_finishing_the_watermark_offset_never_grows_the_text(s: set[int]) -> None:
+    # the offset at the watermark (base 0) finishes: the new base is the next
+    # unfinished offset, the set keeps what lies above it
+    done = s | {0}
+    new_base = next(o for o in range(len(done) + 2) if o not in done)
+    assert size(new_base, {o for o in done if o >= new_base}) <= size(0, s)
+
+
+# -- the key property: admission keeps every completion order within the limit ------------
+
+
+@st.composite
+def runs(draw: st.DrawFn) -> tuple[int, int, list[int], list[tuple[str, int]]]:
+    limit = draw(st.integers(PREFIX_BYTES + 1, PREFIX_BYTES + 60))
+    start = draw(st.integers(0, 2000))
+    held = sorted(draw(st.sets(st.integers(start, start + 300), max_size=12)))
+    while held and PREFIX_BYTES + size(start, set(held)) > limit:
+        held.pop()
+    steps = draw(
+        st.lists(
+            st.tuples(st.sampled_from(["fetch", "finish", "fail"]), st.integers(0, 10**6)),
+            min_size=1,
+            max_size=120,
+        )
+    )
+    return limit, start, held, steps
+
+
+@settings(max_examples=300, deadline=None)
+@given(runs(), st.randoms(use_true_random=False))
+def test_admitted_work_never_outgrows_the_limit(
+    run: tuple[int, int, list[int], list[tuple[str, int]]], rnd: object
+) -> None:
+    import random
+
+    assert isinstance(rnd, random.Random)
+    limit, start, held, steps = run
+    t = PartitionTracker(start, held)
+    assert encoded_size(t) <= limit
+    throttled = 0
+    for kind, n in steps:
+        if kind == "fetch" and not t.draining:
+            first = t.next + (n % 3 if n % 5 == 0 else 0)  # sometimes a gap
+            batch: list[int] = []
+            o = first
+            for i in range(1 + n % 40):
+                batch.append(o)
+                o += 1 + (2 if (n >> i) % 11 == 0 else 0)
+            k = admissible(t, batch, limit)
+            throttled += k < len(batch)
+            for o in t.fetched(batch[:k]):
+                t.apply(Event.START, o)
+        elif t.live_count:
+            live = sorted(t.in_flight())
+            o = live[n % len(live)]
+            if kind == "fail":  # a failure finishes later (a retry or a dead letter)
+                t.apply(Event.FAIL, o)
+                t.apply(Event.DEAD_LETTER, o)
+            else:
+                t.apply(Event.SUCCEED, o)
+        # a commit made now would carry this text
+        assert encoded_size(t) <= limit, t.snapshot()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(PREFIX_BYTES + 1, 200), st.integers(0, 10**6))
+def test_a_partition_with_nothing_live_always_goes_on(limit: int, seed: int) -> None:
+    t = PartitionTracker(seed % 1000, [seed % 1000 + 5 + i * 3 for i in range(seed % 7)])
+    assert admissible(t, [t.next, t.next + 1], limit) >= 1
+
+
+def test_the_common_case_is_not_held_back_by_a_short_window() -> None:
+    # everything in order, a window of 3000 offsets: no throttle (window bound)
+    t = PartitionTracker(0)
+    assert admissible(t, range(3000), 4096) == 3000
+    for o in t.fetched(range(3000)):
+        t.apply(Event.START, o)
+    t.apply_many(Event.SUCCEED, range(1000))
+    assert admissible(t, range(3000, 4000), 4096) == 1000
+
+
+def test_fragmented_finished_set_throttles_until_the_live_work_finishes() -> None:
+    t = PartitionTracker(0)
+    for o in t.fetched(range(6000)):
+        t.apply(Event.START, o)
+    t.apply_many(Event.SUCCEED, range(1, 6000, 2))  # "1,1,1,...": 6000 bytes if all odd
+    assert encoded_size(t) > 4096 // 2
+    assert admissible(t, range(6000, 7000), 4096) == 0
+    t.apply_many(Event.SUCCEED, range(0, 6000, 2))
+    assert t.live_count == 0
+    assert admissible(t, range(6000, 7000), 4096) == 1000
+
+
+def test_soft_threshold_admits_everything_until_the_text_passes_it() -> None:
+    t = PartitionTracker(0)
+    for o in t.fetched(range(5000)):
+        t.apply(Event.START, o)
+    assert admissible(t, range(5000, 6000), 4096) < 1000  # the worst case is too long
+    assert admissible(t, range(5000, 6000), 4096, soft=2048) == 1000  # the text is short
+    t.apply_many(Event.SUCCEED, range(1, 5000, 2))  # 5000 bytes of text
+    assert admissible(t, range(5000, 6000), 4096, soft=2048) == 0
+
+
+@given(st.integers(0, 1000), st.sets(st.integers(0, 4000), max_size=300), st.integers(0, 600))
+def test_fitting_prefix_is_the_longest_prefix_of_runs_that_fits(
+    committed: int, offsets: set[int], budget: int
+) -> None:
+    kept = fitting_prefix(committed, sorted(offsets), budget)
+    text = encode_finished(committed, kept)
+    whole = encode_finished(committed, offsets)
+    assert len(text) <= budget and whole.startswith(text)
+    assert decode_finished(committed, text) == kept
+    items = whole.split(",") if whole else []
+    kept_items = text.split(",") if text else []
+    if len(kept_items) < len(items):  # the next run would not have fitted
+        assert len(",".join(items[: len(kept_items) + 1])) > budget

@@ -1,0 +1,48 @@
+"""The finished-above text form (:mod:`htmqc.core.position_text`) round-trips and
+stays compact."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from htmqc.core.position_text import (
+    decode_finished,
+    decode_metadata,
+    encode_finished,
+    encode_metadata,
+)
+
+
+def test_example() -> None:
+    assert encode_finished(100, [110, 103, 102, 104]) == "2:3,5"
+    assert decode_finished(100, "2:3,5") == (102, 103, 104, 110)
+    assert encode_finished(7, []) == "" and decode_finished(7, "") == ()
+
+
+def test_offsets_below_committed_are_dropped() -> None:
+    assert encode_finished(10, [3, 9, 10, 12]) == "0,1"
+
+
+@given(st.integers(0, 2**40), st.sets(st.integers(0, 5000), max_size=200))
+def test_round_trip(committed: int, rel: set[int]) -> None:
+    offsets = {committed + r for r in rel}
+    text = encode_finished(committed, offsets)
+    assert decode_finished(committed, text) == tuple(sorted(offsets))
+    assert decode_metadata(committed, encode_metadata(committed, offsets)) == tuple(sorted(offsets))
+
+
+def test_long_runs_are_short() -> None:
+    assert encode_finished(0, range(5, 100_005)) == "5:100000"
+
+
+@pytest.mark.parametrize("bad", ["x", "1,-2", "1:0", "1:", ":3", "1,,2"])
+def test_malformed_text_is_rejected(bad: str) -> None:
+    with pytest.raises(ValueError):
+        decode_finished(0, bad)
+
+
+def test_foreign_metadata_means_nothing_finished_above() -> None:
+    assert decode_metadata(5, "") == () and decode_metadata(5, None) == ()
+    assert decode_metadata(5, "written by another tool") == ()
