@@ -25,6 +25,10 @@ LOG_FORMATS = ("text", "json")
 #: ``--group-protocol``: Kafka's classic rebalance protocol, or KIP-848's ``consumer``
 #: protocol (Kafka 4.0 and later; the broker assigns and keeps the session timeout).
 GROUP_PROTOCOLS = ("classic", "consumer")
+#: ``--source``: the log consumed. ``kafka`` (confluent-kafka), or ``nats``: NATS
+#: JetStream through :class:`htmqc.sources.nats.NatsConsumer` (one stream per
+#: partition, a single member; ``--bootstrap nats://HOST:PORT``).
+SOURCES = ("kafka", "nats")
 
 #: ``--profile``: defaults tuned for a goal. An option given on the command line,
 #: in the environment or in ``--config`` wins over its profile's value.
@@ -119,6 +123,9 @@ class RunOptions:
     classic-only settings are not sent. Under it a ``member_id`` already held
     by a live member fences the *new* member (it stops at start with one line),
     where the classic protocol fences the old one.
+    ``source`` (:data:`SOURCES`): ``nats`` consumes NATS JetStream streams
+    ``TOPIC-0`` .. ``TOPIC-(N-1)`` (:mod:`htmqc.sources.nats`) as one member,
+    at-least-once commits in a KV bucket, exactly-once into a SQL sink.
     ``retry_topic``: backoffs of at least ``retry_topic_ms`` wait in
     ``<topic>.retry`` instead of in memory (:mod:`htmqc.runtime.retry_topic`).
     Flow: ``flow`` (:data:`FLOWS`), ``min_in_flight``, ``latency_target_ms``
@@ -129,7 +136,9 @@ class RunOptions:
     ``otel`` (OpenTelemetry spans per batch and commit: :mod:`htmqc.observe.tracing`).
     """
 
-    bootstrap: str = opt(help="Kafka bootstrap servers HOST:PORT")
+    bootstrap: str = opt(
+        help="Kafka bootstrap servers HOST:PORT (nats://HOST:PORT with --source nats)"
+    )
     topic: str = opt(help="the topic to consume")
     group: str = opt(help="consumer group")
     mode: str = opt(AT_LEAST_ONCE, "delivery mode", choices=MODES)
@@ -256,6 +265,10 @@ class RunOptions:
     group_protocol: str = opt(
         "classic", "consumer-group protocol (consumer: KIP-848, Kafka 4+)",
         choices=GROUP_PROTOCOLS,
+    )  # fmt: skip
+    source: str = opt(
+        "kafka", "the log to consume: kafka, or nats (JetStream, one member; "
+        "--bootstrap nats://HOST:PORT)", choices=SOURCES,
     )  # fmt: skip
 
 
