@@ -1,4 +1,4 @@
-"""NATS JetStream throughput: a raw nats-py pull loop against htmqc over NATS.
+"""NATS JetStream throughput: raw nats-py pull loops against htmqc over NATS.
 
 One private ``nats-server -js`` (:mod:`htmqc.sources.nats_server`, file storage
 in a temporary directory), one topic of ``--partitions`` streams holding
@@ -7,14 +7,14 @@ keys). Each variant reads the whole topic, in this process, timed from its first
 message to its last (connection and consumer creation left out):
 
 * ``raw_loop``: nats-py alone, one ephemeral pull consumer per partition
-  (``AckPolicy.NONE``), ``fetch(1000)`` on every partition concurrently, a Python
-  call per message, no position stored: the limit;
+  (``AckPolicy.NONE``), ``fetch(1000)`` (nats-py's documented pull API) on every
+  partition concurrently, a Python call per message, no position stored;
 * ``raw_pull``: nats-py's core API driving the pull protocol by hand (a
   subscription callback that counts, ``CONSUMER.MSG.NEXT`` requests of 1,000),
   the way the adapter fetches, with nothing else: the ceiling of this client;
 * ``raw_sqlite``: ``raw_pull`` calling the exactly-once benchmark's handler
   (``examples.effects.record``: one INSERT per message) on a plain SQLite
-  cursor, one SQLite commit per fetched batch: the limit for exactly-once into
+  cursor, one SQLite commit per pull request: the limit for exactly-once into
   SQLite, without its guarantees;
 * ``at_least_once``: ``htmqc`` at-least-once (``--source nats``), the handler
   counts; commits go to the KV bucket every 500 ms;
@@ -22,8 +22,8 @@ message to its last (connection and consumer creation left out):
   handler as ``raw_sqlite``.
 
 Every variant runs ``--rounds`` times, interleaved; results (every run, medians,
-each median's ratio to ``raw_loop`` and to ``raw_pull``, exactly-once to the raw SQLite loop) are
-printed and written to ``benchmarks/results/nats.json``.
+each median's ratio to ``raw_loop`` and to ``raw_pull``, exactly-once to the raw
+SQLite loop) are printed and written to ``benchmarks/results/nats.json``.
 
 Run with contracts off: ``HTMQC_CONTRACTS=0 python -m benchmarks.nats_bench``.
 """

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -193,6 +194,88 @@ def test_close_leaves_no_pull_consumer_on_the_server(
     assert consumers() == 2, "a seek replaces the partition's pull consumer"
     consumer.close()
     assert consumers() == 0
+
+
+def test_a_second_member_of_a_group_waits_until_the_first_lets_go(
+    nats_server: NatsServer, client: NatsClient, topic_name: Callable[[], str]
+) -> None:
+    topic = topic_name()
+    produce(nats_server.url, topic, 10, partitions=2, client=client)
+    first, second, other = (NatsConsumer(nats_server.url, g) for g in ("g", "g", "other"))
+    assigned: dict[str, int] = {}
+
+    def counting(name: str) -> Callable[[Any, list[KafkaTP]], None]:
+        def on_assign(c: Any, parts: list[KafkaTP]) -> None:
+            assigned[name] = assigned.get(name, 0) + 1
+            assign_at({})(c, parts)
+
+        return on_assign
+
+    try:
+        first.subscribe([topic], on_assign=counting("first"))
+        assert len(drain(first, 10)) == 10
+        second.subscribe([topic], on_assign=counting("second"))
+        other.subscribe([topic], on_assign=counting("other"))
+        assert len(drain(other, 10)) == 10, "another group is not held back"
+        assert drain(second, 1, timeout=1.5) == [], "a standby gets nothing"
+        assert "second" not in assigned
+        first.close()  # releases the lease: the standby takes over at once
+        assert len(drain(second, 10, timeout=5)) == 10
+        assert assigned == {"first": 1, "second": 1, "other": 1}
+    finally:
+        for c in (first, second, other):
+            c.close()
+
+
+def test_a_member_whose_lease_was_taken_stops(
+    nats_server: NatsServer, client: NatsClient, topic_name: Callable[[], str]
+) -> None:
+    from htmqc.errors import RuntimeFailure
+    from htmqc.sources.nats import leases_bucket
+
+    topic = topic_name()
+    produce(nats_server.url, topic, 10, partitions=1, client=client)
+    consumer = NatsConsumer(nats_server.url, "g")
+    try:
+        consumer.subscribe([topic], on_assign=assign_at({}))
+        assert len(drain(consumer, 10)) == 10
+
+        async def steal() -> None:
+            kv = await leases_bucket(client.js)
+            await kv.put(f"g.{topic}", b'{"member": "thief"}')
+
+        client.call(steal())
+        with pytest.raises(RuntimeFailure, match="another member took the NATS lease"):
+            drain(consumer, 1, timeout=10)
+    finally:
+        consumer.close()
+
+
+def test_a_server_killed_and_restarted_on_its_store_is_resumed(tmp_path: Path) -> None:
+    """SIGKILL the server (longer down than a lease lives), restart it on the same
+    port and store: the consumer reconnects, keeps (or takes again) its lease and
+    reads what is published afterwards, without losing or repeating an offset."""
+    binary = require_nats_server()
+    server = start_nats(binary=binary, store=tmp_path / "js")
+    consumer = None
+    try:
+        produce(server.url, "r", 100, partitions=2)
+        consumer = NatsConsumer(server.url, "g", lease_seconds=2.0)
+        consumer.subscribe(["r"], on_assign=assign_at({}))
+        got = drain(consumer, 100)
+        server.kill()
+        time.sleep(3)
+        server = start_nats(binary=binary, port=server.port, store=tmp_path / "js")
+        produce(server.url, "r", 100, partitions=2, start_id=100)
+        got += drain(consumer, 100, timeout=30)
+        assert sorted(parse_id(m.value()) for m in got) == list(range(200))
+        assert sorted((m.partition(), m.offset()) for m in got) == [
+            (p, o) for p in range(2) for o in range(100)
+        ]
+    finally:
+        if consumer is not None:
+            consumer.close()
+        server.stop()
 
 
 def test_subscribe_refuses_a_missing_topic_and_a_second_topic(nats_server: NatsServer) -> None:

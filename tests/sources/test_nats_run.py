@@ -2,8 +2,8 @@
 JetStream, in subprocesses, against a private ``nats-server`` (tests/sources/conftest.py).
 
 * at-least-once over a 4-partition topic across a SIGKILL: nothing lost, the
-  successor starts at the commits in the KV bucket, and the duplicates are
-  exactly the killed process's uncommitted window;
+  successor waits for the dead member's lease, starts at the commits in the KV
+  bucket, and the duplicates are exactly the killed process's uncommitted window;
 * exactly-once into SQLite across a SIGKILL mid-transaction: every effect stored
   exactly once, and the restart resumes at the sink's positions;
 * deleted and purged messages (holes in the stream sequence) are gaps: the rest
@@ -84,6 +84,8 @@ def test_at_least_once_across_sigkill_loses_nothing(
         env={"HTMQC_TEST_OUT": str(out2)}, log=log2,
     )  # fmt: skip
     assert finish(second, 90) == 0, log2.read_text()[-2000:]
+    # The killed member's lease outlives it (up to LEASE_SECONDS): the successor waits.
+    assert "waiting as a standby" in log2.read_text()
 
     def ids_of(path: Path) -> list[int]:
         return [int(line.split()[2]) for line in path.read_text().splitlines()]

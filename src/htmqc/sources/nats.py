@@ -18,15 +18,22 @@ Kafka's transaction markers (nothing to run; the watermark passes it once
 everything around it is done). Watermarks: ``low = first_seq - 1`` (0 for a
 stream never written), ``high = last_seq`` (one past the last offset).
 
-*Fetching.* Each assigned, unpaused partition has a pump task on the adapter's
-private asyncio thread (nats-py is asyncio): an *ephemeral* pull consumer
-(``AckPolicy.NONE``, ``DeliverPolicy.BY_START_SEQUENCE`` at the partition's
-position + 1, ``inactive_threshold`` so a crashed member leaves nothing behind)
-fetches batches into a bounded per-partition buffer, and :meth:`NatsConsumer.consume`
-hands them out (blocking, ``timeout`` seconds at most). The pull consumer is
-a cursor only: ``seek`` (and a new assignment) drop the buffer and start a new
-pull consumer at the new sequence; the old one is deleted. Pause stops the
-pump and hides the buffer, as librdkafka's pause does.
+*Fetching.* Pull, not push: each assigned, unpaused partition has a pump task
+on the adapter's private asyncio thread (nats-py is asyncio) that owns an
+*ephemeral* pull consumer (``AckPolicy.NONE``, ``DeliverPolicy.BY_START_SEQUENCE``
+at the partition's position + 1, ``inactive_threshold`` so a crashed member
+leaves nothing behind) and sends it pull requests (``CONSUMER.MSG.NEXT``, up to
+:data:`FETCH_BATCH` messages, lingering :data:`FETCH_WAIT` s on an idle
+partition) whose messages a subscription callback collects into a bounded
+per-partition buffer (nats-py's ``fetch`` waits for each message with its own
+timeout, several times slower); :meth:`NatsConsumer.consume` hands them out
+(blocking, ``timeout`` seconds at most). Nothing is acknowledged, so JetStream
+never redelivers: every re-read is one the runtime asked for. The pull consumer
+is a cursor only: ``seek`` (and a new assignment) drop the buffer and start a
+new pull consumer at the new sequence; the old one is deleted. Pause stops the
+pump and hides the buffer, as librdkafka's pause does. An idle partition whose
+last messages were deleted moves its position to the log end once nothing can
+have been missed (:meth:`NatsConsumer._past_deleted_tail`).
 
 *Commits (at-least-once).* A commit stores ``{"offset", "metadata"}`` under
 ``GROUP.T.p`` in the KV bucket :data:`OFFSETS_BUCKET`; ``committed`` reads it
@@ -47,12 +54,18 @@ are stored in the order they were asked for.
 *Exactly-once.* Positions come from the sink (its claim, then ``seek``), as
 with Kafka; the KV bucket is not used.
 
-*Group membership.* NATS has no consumer-group rebalance. One member takes
-every partition: ``on_assign`` is called once, inside the first ``consume``
-after ``subscribe``, with all partitions of the topic; nothing is ever revoked
-or lost while it runs. Two members of one group would both consume everything
-(at-least-once: duplicates; exactly-once: the sink's fence keeps effects
-exactly-once, but the members keep fencing each other).
+*Group membership.* NATS has no consumer-group rebalance: one member of a
+group consumes a topic, and holds a *lease* for it, the key ``GROUP.TOPIC`` in
+the KV bucket :data:`LEASES_BUCKET` (entries expire :data:`LEASE_SECONDS` after
+their last renewal; renewed every quarter of that). ``subscribe`` takes the
+lease, waiting as a standby while another member holds it; once held,
+``on_assign`` is called once, inside a ``consume``, with every partition of the
+topic, and nothing is ever revoked. ``close`` deletes the lease, so a standby
+takes over at once; a killed member's lease expires. While a renewal is overdue
+(80 % of the lease's life) nothing is handed out; a renewal refused because the
+lease moved on stops the run (``consume`` raises). The lease keeps two members
+of a group from consuming the same topic, but it rests on timing: exactly-once,
+the sink's fence is what makes a stale member harmless.
 
 Every offset *decision* stays in the core: this module converts sequences to
 offsets, keeps each partition's fetch position (one past the last message
@@ -68,9 +81,12 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
+import socket
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from concurrent.futures import Future
@@ -88,6 +104,10 @@ T = TypeVar("T")
 
 #: The KV bucket at-least-once commits go to (key ``GROUP.TOPIC.PARTITION``).
 OFFSETS_BUCKET = "htmqc_offsets"
+#: The KV bucket of membership leases (key ``GROUP.TOPIC``; entries expire).
+LEASES_BUCKET = "htmqc_leases"
+#: Seconds a lease lives without renewal (the bucket's TTL); renewed every quarter.
+LEASE_SECONDS = 10.0
 #: The header that carries a message's key.
 KEY_HEADER = "Htmqc-Key"
 #: librdkafka's "no offset" (``OFFSET_INVALID``).
@@ -309,8 +329,17 @@ class NatsConsumer:
         connect_seconds: float = 10.0,
         fetch_batch: int = FETCH_BATCH,
         buffer_messages: int = BUFFER_MESSAGES,
+        lease_seconds: float = LEASE_SECONDS,
     ) -> None:
         check_name("group", group)
+        self.lease_seconds = lease_seconds
+        self.member = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        #: The lease's revision while held; the lease was taken by another member.
+        self._lease_revision: int | None = None
+        self._lease_lost = False
+        #: Monotonic time until which the lease is surely ours (renewed in time).
+        self._lease_until = 0.0
+        self._lease_key: str | None = None
         self.servers = servers_of(bootstrap)
         self.group = group
         self.on_commit = on_commit
@@ -373,8 +402,9 @@ class NatsConsumer:
         on_revoke: RebalanceCallback | None = None,
         on_lost: RebalanceCallback | None = None,
     ) -> None:
-        """Take ``topics[0]``'s partitions: ``on_assign`` gets them all inside the
-        next :meth:`consume` (module docs: one member).
+        """Take ``topics[0]``'s partitions: once this member holds the group's
+        lease, ``on_assign`` gets them all inside a :meth:`consume` (module docs:
+        one member; a second one waits as a standby).
 
         :raises UsageError: more than one topic, a bad name, or no such topic.
         """
@@ -391,12 +421,19 @@ class NatsConsumer:
                 "create them (pass --create-topic PARTITIONS)",
             )
         self._callbacks = (on_assign, on_revoke, on_lost)
-        self._to_assign = [KafkaTP(topic, p) for p in range(count)]
+        self._lease_key = f"{self.group}.{topic}"
+        parts = [KafkaTP(topic, p) for p in range(count)]
+        self._loop.call_soon_threadsafe(self._track, self._hold_lease(parts))
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Any]:
         """Up to ``num_messages`` messages of the unpaused partitions, waiting at
         most ``timeout`` seconds (negative: until some arrive) for the first.
-        Rebalance and commit callbacks run here first."""
+        Rebalance and commit callbacks run here first. Nothing is handed out
+        while the lease is in doubt (not renewed within 80 % of its life).
+
+        :raises RuntimeFailure: another member took the lease (this one could
+            not renew it in time): the run must stop.
+        """
         self._callbacks_due()
         out = self._take(num_messages)
         if out or timeout == 0:
@@ -404,7 +441,9 @@ class NatsConsumer:
         deadline = None if timeout < 0 else time.monotonic() + timeout
         with self._cond:
             while not self._closed:
-                if self._acks or any(
+                if self._acks or self._to_assign is not None or self._lease_lost:
+                    break
+                if time.monotonic() < self._lease_until and any(
                     p.buffer and not p.paused for p in self._parts.values()
                 ):
                     break
@@ -416,8 +455,16 @@ class NatsConsumer:
         return self._take(num_messages)
 
     def _callbacks_due(self) -> None:
-        if self._to_assign is not None:
-            parts, self._to_assign = self._to_assign, None
+        if self._lease_lost:
+            raise RuntimeFailure(
+                f"another member took the NATS lease of group {self.group!r} "
+                f"({self._lease_key}): this one could not renew it in time",
+                "run one member per group; restart this one to wait as a standby",
+            )
+        with self._cond:
+            parts = self._to_assign
+            self._to_assign = None
+        if parts is not None:
             on_assign = self._callbacks[0]
             if on_assign is not None:
                 on_assign(self, parts)
@@ -432,6 +479,8 @@ class NatsConsumer:
         out: list[Any] = []
         wake: list[_Partition] = []
         with self._cond:
+            if time.monotonic() >= self._lease_until:
+                return out  # the lease is in doubt (or not taken yet)
             parts = [p for p in self._parts.values() if p.buffer and not p.paused]
             if not parts:
                 return out
@@ -610,7 +659,11 @@ class NatsConsumer:
     def _start_pump(self, part: _Partition, generation: int) -> None:
         if part.wake is None:
             part.wake = asyncio.Event()
-        task = self._loop.create_task(self._pump(part, generation))
+        self._track(self._pump(part, generation))
+
+    def _track(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` as a task :meth:`close` cancels and waits for."""
+        task = self._loop.create_task(coro)
         self._pumps.add(task)
         task.add_done_callback(self._pumps.discard)
 
@@ -623,6 +676,7 @@ class NatsConsumer:
         position on) at a time; a failure ends the session, drops the buffer and
         starts another from the position after a backoff."""
         failures = 0
+        last_failure = 0.0
         while self._current(part, generation):
             try:
                 await self._session(part, generation)
@@ -630,6 +684,9 @@ class NatsConsumer:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                if time.monotonic() - last_failure > 60:
+                    failures = 0  # a new incident
+                last_failure = time.monotonic()
                 failures += 1
                 if failures in (1, 10) or failures % 100 == 0:
                     log.warning(
@@ -664,6 +721,7 @@ class NatsConsumer:
         name: str | None = None
         try:
             received = 0  # the consumer sequence of the last delivery taken
+            fetched = -1  # the next offset this session expects (once its consumer exists)
             while self._current(part, generation):
                 with self._cond:
                     idle = part.idle = part.paused or len(part.buffer) >= self.buffer_messages
@@ -693,6 +751,7 @@ class NatsConsumer:
                         ),
                     )
                     name = str(info.name)
+                    fetched = start
                 want = max(1, min(self.fetch_batch, room))
                 request = {"batch": want, "expires": int(FETCH_WAIT * 1e9)}
                 await self._nc.publish(
@@ -720,8 +779,12 @@ class NatsConsumer:
                         if not msg.reply:  # a status (JetStream data has an ack subject)
                             ended = _request_ended(msg.headers or {}) or ended
                             continue
-                        out.append(convert(part.topic, part.partition, msg))
                         last = msg
+                        converted = convert(part.topic, part.partition, msg)
+                        if converted.offset() < fetched:
+                            continue  # delivered again (the server lost the cursor)
+                        fetched = converted.offset() + 1
+                        out.append(converted)
                     if last is None:
                         continue
                     got += len(out)
@@ -766,6 +829,72 @@ class NatsConsumer:
         with self._cond:
             if self._current(part, generation) and not part.buffer and part.position == position:
                 part.position = last
+
+    async def _hold_lease(self, parts: list[KafkaTP]) -> None:
+        """Take the group's lease (waiting while another member holds it), then
+        hand ``parts`` to the next :meth:`consume` and renew the lease every
+        quarter of its life until :meth:`close`. A renewal refused because the
+        lease moved on sets :attr:`_lease_lost`."""
+        from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+
+        key = self._lease_key
+        assert key is not None
+        value = json.dumps({"member": self.member}).encode()
+        waited = False
+        revision = None
+        while revision is None and not self._closed:
+            try:
+                kv = await leases_bucket(self._js, self.lease_seconds)
+                revision = await kv.create(key, value)
+            except KeyWrongLastSequenceError:
+                if not waited:
+                    holder = "another member"
+                    with contextlib.suppress(KeyNotFoundError, ValueError, KeyError):
+                        entry = await kv.get(key)
+                        holder = json.loads(entry.value or b"{}")["member"]
+                    log.warning(
+                        "group %s on topic %s is held by %s; waiting as a standby (it takes "
+                        "over when that member stops, or %g s after it died)",
+                        self.group, key.split(".", 1)[1], holder, self.lease_seconds,
+                    )
+                    waited = True
+                await asyncio.sleep(0.5)
+            except Exception as exc:
+                log.warning("taking the NATS lease %s failed: %s: %s", key, type(exc).__name__, exc)
+                await asyncio.sleep(1.0)
+        if revision is None:
+            return
+        if waited:
+            log.info("took the lease of group %s (%s)", self.group, key)
+        with self._cond:
+            self._lease_revision = revision
+            self._lease_until = time.monotonic() + 0.8 * self.lease_seconds
+            self._to_assign = parts
+            self._cond.notify_all()
+        failures = 0
+        while not self._closed:
+            await asyncio.sleep(self.lease_seconds / 4)
+            if self._closed:
+                return
+            try:
+                kv = await leases_bucket(self._js, self.lease_seconds)
+                renewed = await _renew(kv, key, value, revision)
+            except Exception as exc:
+                failures += 1
+                if failures == 1:
+                    log.warning("renewing the NATS lease %s failed: %s", key, type(exc).__name__)
+                continue
+            if failures:
+                log.info("renewed the NATS lease %s again", key)
+            failures = 0
+            with self._cond:
+                if renewed is None:
+                    self._lease_lost = True
+                    self._lease_until = 0.0
+                    self._cond.notify_all()
+                    return
+                revision = self._lease_revision = renewed
+                self._lease_until = time.monotonic() + 0.8 * self.lease_seconds
 
     async def _start_of(self, part: _Partition) -> int:
         """Where a partition assigned without an offset starts: the committed
@@ -819,9 +948,14 @@ class NatsConsumer:
     async def _close(self) -> None:
         pumps = list(self._pumps)
         for task in pumps:
-            task.cancel()  # each deletes its pull consumer on the way out
+            task.cancel()  # pumps delete their pull consumers on the way out
         if pumps:
             await asyncio.wait(pumps, timeout=3)
+        revision, key = self._lease_revision, self._lease_key
+        if revision is not None and key is not None and not self._lease_lost:
+            with contextlib.suppress(Exception):  # a standby takes over at once
+                kv = await leases_bucket(self._js, self.lease_seconds)
+                await kv.delete(key, last=revision)
         with contextlib.suppress(Exception):
             await self._nc.drain()
         with contextlib.suppress(Exception):
@@ -912,6 +1046,47 @@ async def _count_partitions(js: Any, topic: str) -> int:
         except NotFoundError:
             return count
         count += 1
+
+
+async def _renew(kv: Any, key: str, value: bytes, revision: int) -> int | None:
+    """Renew the lease ``key`` held at ``revision``: its new revision, or ``None``
+    if another member holds it now. A lease that expired or vanished (a server
+    restart, an outage longer than its life) and that nobody took meanwhile is
+    taken again; one whose last renewal's answer was lost (the value is ours) is
+    kept at the revision found."""
+    from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+
+    try:
+        return int(await kv.update(key, value, last=revision))
+    except KeyWrongLastSequenceError:
+        pass
+    try:
+        entry = await kv.get(key)
+    except KeyNotFoundError:
+        try:
+            return int(await kv.create(key, value))
+        except KeyWrongLastSequenceError:
+            return None
+    return int(entry.revision) if entry.value == value else None
+
+
+async def leases_bucket(js: Any, ttl: float = LEASE_SECONDS) -> Any:
+    """The KV bucket of membership leases (created if missing: file storage,
+    one value per key, entries expire after ``ttl`` seconds without renewal)."""
+    from nats.js.errors import BucketNotFoundError
+
+    try:
+        return await js.key_value(LEASES_BUCKET)
+    except BucketNotFoundError:
+        from nats.js.api import KeyValueConfig, StorageType
+
+        with contextlib.suppress(Exception):
+            await js.create_key_value(
+                KeyValueConfig(
+                    bucket=LEASES_BUCKET, history=1, ttl=ttl, storage=StorageType.FILE
+                )
+            )
+        return await js.key_value(LEASES_BUCKET)
 
 
 async def offsets_bucket(js: Any) -> Any:
