@@ -34,6 +34,7 @@ import argparse
 import asyncio
 import json
 import platform
+import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -236,36 +237,15 @@ def _server_version() -> str:
     return done.stdout.strip() or done.stderr.strip()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run every variant ``--rounds`` times, interleaved; print and store the medians."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--count", type=int, default=200_000)
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
-    from importlib.metadata import version
-
-    from examples.effects import record
-
-    counted = [0]
-
-    def count_only(msg: Any) -> None:
-        counted[0] += 1
-
-    work = Path(tempfile.mkdtemp(prefix="htmqc-nats-bench-"))
-    results: dict[str, Any] = {
-        "count": args.count,
-        "partitions": args.partitions,
-        "size": 100,
-        "rounds": args.rounds,
-        "contracts": CONTRACTS_ENABLED,
-        "nats_server": _server_version(),
-        "nats_py": version("nats-py"),
-        "python": platform.python_version(),
-        "runs": {},
-    }
-    runs: dict[str, list[float]] = results["runs"]
+def _run_variants(
+    work: Path,
+    args: argparse.Namespace,
+    runs: dict[str, list[float]],
+    count_only: Callable[[Any], None],
+    record: Callable[[Any, Any], None],
+) -> None:
+    """Start the server, produce the topic, run every variant ``args.rounds`` times
+    (interleaved) into ``runs``; stop the server."""
     with start_nats(store=work / "js") as server:
         url, topic = server.url, "bench"
         client = NatsClient(url)
@@ -296,6 +276,42 @@ def main(argv: list[str] | None = None) -> int:
                 rate = run(r)
                 runs.setdefault(name, []).append(rate)
                 print(f"round {r + 1} {name:<22} {rate:>10,.0f} msg/s", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every variant ``--rounds`` times, interleaved; print and store the medians."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=200_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    from importlib.metadata import version
+
+    from examples.effects import record
+
+    counted = [0]
+
+    def count_only(msg: Any) -> None:
+        counted[0] += 1
+
+    work = Path(tempfile.mkdtemp(prefix="htmqc-nats-bench-"))
+    results: dict[str, Any] = {
+        "count": args.count,
+        "partitions": args.partitions,
+        "size": 100,
+        "rounds": args.rounds,
+        "contracts": CONTRACTS_ENABLED,
+        "nats_server": _server_version(),
+        "nats_py": version("nats-py"),
+        "python": platform.python_version(),
+        "runs": {},
+    }
+    runs: dict[str, list[float]] = results["runs"]
+    try:
+        _run_variants(work, args, runs, count_only, record)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the server's store and the databases
     medians = {k: statistics.median(v) for k, v in runs.items()}
     results["msg_per_s"] = medians
     raw = medians["raw_loop"]
