@@ -89,3 +89,14 @@ def require_module(name: str) -> object:
         return importlib.import_module(name)
     except ImportError:
         missing(f"Python module {name} is not importable", "run `make setup`: it installs .[dev]")
+
+
+def require_nats_server() -> str:
+    """The ``nats-server`` executable (Debian package ``nats-server``), or skip/fail.
+    Tests start their own server with it (:mod:`htmqc.sources.nats_server`)."""
+    from htmqc.sources.nats_server import nats_server_binary
+
+    path = nats_server_binary()
+    if path is None:
+        missing("nats-server is not installed (Debian package nats-server)")
+    return path

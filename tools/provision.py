@@ -3,7 +3,9 @@
 Contract
 --------
 * Installs what is missing from Debian's packages (``apt-get``), once, and only then:
-  PostgreSQL, Redis, Prometheus (``prometheus`` and ``promtool``), Chromium, a JRE and Maven.
+  PostgreSQL, Redis, Prometheus (``prometheus`` and ``promtool``), Chromium, a JRE, Maven and
+  ``nats-server`` (NATS with JetStream; never started here: the tests and benchmarks of
+  ``--source nats`` start their own, on a free port, with ``htmqc.sources.nats_server``).
 * Starts the services on loopback, if they are not answering already:
   - PostgreSQL on 127.0.0.1:5432, trust authentication from 127.0.0.1 and ::1 only, a
     superuser role named after the user running this (and ``postgres``), database ``test``;
@@ -77,6 +79,7 @@ PACKAGES: dict[str, Package] = {
     "chromium": Package("chromium", ("chromium",)),
     "java": Package("openjdk-17-jre-headless", ("java",)),
     "maven": Package("maven", ("mvn",)),
+    "nats": Package("nats-server", ("nats-server", "/usr/sbin/nats-server")),
 }
 
 
@@ -286,6 +289,7 @@ STEPS: dict[str, tuple[tuple[str, ...], Callable[[], None] | None]] = {
     "kafka": (("java", "maven"), kafka),
     "spark-kafka": (("java", "maven"), spark_kafka),
     "apicurio": (("java", "maven"), apicurio),
+    "nats": (("nats",), None),
 }
 
 

@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("htmqc.runtime")
 
+#: ``--source nats`` (:data:`htmqc.runtime.options.SOURCES`).
+NATS = "nats"
+
 
 def load_handler(spec: str) -> Callable[..., Any]:
     """The callable named ``MODULE:FUNCTION``.
@@ -165,6 +168,8 @@ def build_engine(
         from htmqc.serde import build_decoders
 
         decoders = build_decoders(options)
+    if options.source == NATS:
+        return build_nats_engine(handler, options, metrics=metrics, decoders=decoders)
     if options.mode == EXACTLY_ONCE and not options.sink:
         raise UsageError(
             "exactly-once needs a sink",
@@ -282,6 +287,111 @@ class CreatingProducer:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._producer, name)
+def check_nats_options(options: RunOptions) -> None:
+    """Refuse what does not apply to a NATS source, one line each (before anything
+    connects).
+
+    :raises UsageError: exactly-once without a SQL sink, a ``kafka:`` sink,
+        ``--retry-topic``, ``--kafka-config``, ``--group-protocol consumer``,
+        ``--member-id``, or a topic or group NATS cannot name.
+    """
+    from htmqc.sinks.urls import parse_sink_url
+    from htmqc.sources.nats import check_name, servers_of
+
+    servers_of(options.bootstrap)
+    check_name("topic", options.topic)
+    check_name("group", options.group)
+    if options.mode == EXACTLY_ONCE and not options.sink:
+        raise UsageError(
+            "exactly-once needs a sink", "pass --sink sqlite:///PATH (or postgresql://...)"
+        )
+    if options.sink and parse_sink_url(options.sink).kind == "kafka":
+        raise UsageError(
+            "a kafka: sink cannot commit a NATS source's positions atomically",
+            "use --sink sqlite:///PATH or postgresql://... with --source nats",
+        )
+    if options.retry_topic:
+        raise UsageError(
+            "--retry-topic is not supported with --source nats",
+            "drop --retry-topic (backoffs wait in memory)",
+        )
+    if options.kafka_config:
+        raise UsageError(
+            "--kafka-config (librdkafka settings) does not apply to --source nats",
+            "drop the [kafka] settings and HTMQC_KAFKA_* variables",
+        )
+    if options.group_protocol != "classic":
+        raise UsageError(
+            "--group-protocol does not apply to --source nats (one member, no group protocol)",
+            "drop --group-protocol",
+        )
+    if options.member_id:
+        raise UsageError(
+            "--member-id does not apply to --source nats (no static membership, no Kafka "
+            "transactions)",
+            "drop --member-id",
+        )
+
+
+def build_nats_engine(
+    handler: Callable[..., Any],
+    options: RunOptions,
+    *,
+    metrics: Metrics | None = None,
+    decoders: Any = None,
+) -> Engine:
+    """:func:`build_engine` for ``--source nats``: the options checked
+    (:func:`check_nats_options`), the topic's streams made sure of (created with
+    ``--create-topic``), the sink opened, a
+    :class:`~htmqc.sources.nats.NatsConsumer` built; dead letters of
+    at-least-once go to the stream ``TOPIC-dlq``
+    (:class:`~htmqc.sources.nats.NatsProducer`)."""
+    from htmqc.sinks import open_sink
+    from htmqc.sources.nats import NatsClient, NatsConsumer, NatsProducer, stream_name
+
+    check_nats_options(options)
+    client = NatsClient(options.bootstrap, options.connect_seconds)
+    try:
+        if client.partitions(options.topic) == 0:
+            if options.create_topic is None:
+                raise UsageError(
+                    f"topic {options.topic!r} does not exist on {options.bootstrap} (no stream "
+                    f"{stream_name(options.topic, 0)})",
+                    "create it, or pass --create-topic PARTITIONS",
+                )
+            client.create_topic(options.topic, options.create_topic)
+    finally:
+        client.close()
+    sink = None
+    if options.mode == EXACTLY_ONCE:
+        assert options.sink is not None
+        sink = open_sink(options.sink, bootstrap=options.bootstrap, member_id=options.member_id)
+        sink.open(options.group)
+    engine: list[Engine] = []
+    try:
+        consumer = NatsConsumer(
+            options.bootstrap,
+            options.group,
+            on_commit=lambda err, parts: engine[0].on_commit(err, parts),
+            connect_seconds=options.connect_seconds,
+        )
+    except BaseException:
+        if sink is not None:
+            sink.close()
+        raise
+    engine.append(
+        Engine(
+            handler,
+            options,
+            consumer,
+            sink=sink,
+            producer_factory=lambda: NatsProducer(options.bootstrap, options.topic),
+            metrics=metrics,
+            error_kinds=load_error_kinds(options),
+            decoders=decoders,
+        )
+    )
+    return engine[0]
 
 
 def _ensure_topic(bootstrap: str, name: str, kafka_config: dict[str, Any] | None = None) -> None:

@@ -29,6 +29,10 @@ GROUP_PROTOCOLS = ("classic", "consumer")
 #: the handler the raw message; the others decode it first, the last three through a
 #: Confluent Schema Registry (``--schema-registry``).
 FORMATS = ("bytes", "json", "avro", "protobuf", "json-schema")
+#: ``--source``: the log consumed. ``kafka`` (confluent-kafka), or ``nats``: NATS
+#: JetStream through :class:`htmqc.sources.nats.NatsConsumer` (one stream per
+#: partition, a single member; ``--bootstrap nats://HOST:PORT``).
+SOURCES = ("kafka", "nats")
 
 #: ``--profile``: defaults tuned for a goal. An option given on the command line,
 #: in the environment or in ``--config`` wins over its profile's value.
@@ -132,6 +136,9 @@ class RunOptions:
     whose set could outgrow it gets no more work until it drains
     (:mod:`htmqc.core.metadata_budget`; Kafka commits only: the exactly-once Kafka
     sink, and at-least-once, which throttles from half of it).
+    ``source`` (:data:`SOURCES`): ``nats`` consumes NATS JetStream streams
+    ``TOPIC-0`` .. ``TOPIC-(N-1)`` (:mod:`htmqc.sources.nats`) as one member,
+    at-least-once commits in a KV bucket, exactly-once into a SQL sink.
     ``retry_topic``: backoffs of at least ``retry_topic_ms`` wait in
     ``<topic>.retry`` instead of in memory (:mod:`htmqc.runtime.retry_topic`).
     Flow: ``flow`` (:data:`FLOWS`), ``min_in_flight``, ``latency_target_ms``
@@ -146,7 +153,9 @@ class RunOptions:
     Protobuf classes as objects, by side: ``{"value": cls, "key": cls}``).
     """
 
-    bootstrap: str = opt(help="Kafka bootstrap servers HOST:PORT")
+    bootstrap: str = opt(
+        help="Kafka bootstrap servers HOST:PORT (nats://HOST:PORT with --source nats)"
+    )
     topic: str = opt(
         help="the topic to consume; several: a,b,c; a pattern: ^regex (librdkafka's "
         "convention; topics created later join; <topic>.dlq/.retry names are never read)"
@@ -309,6 +318,10 @@ class RunOptions:
         4096, "longest offset-commit metadata the broker takes (its "
         "offset.metadata.max.bytes); a partition whose out-of-order offsets could outgrow "
         "it is throttled", limits=(64, 2**31 - 1, True),
+    )  # fmt: skip
+    source: str = opt(
+        "kafka", "the log to consume: kafka, or nats (JetStream, one member; "
+        "--bootstrap nats://HOST:PORT)", choices=SOURCES,
     )  # fmt: skip
 
 

@@ -1,0 +1,8 @@
+"""Sources other than Kafka behind the same :class:`~htmqc.ports.ConsumerPort`.
+
+The core decides every offset; an adapter here only maps its log's positions to
+dense, 0-based, increasing offsets per partition and carries out what the
+runtime asks (fetch from a position, pause, seek, store a commit). NATS
+JetStream: :mod:`htmqc.sources.nats` (the adapter) and
+:mod:`htmqc.sources.nats_server` (a private server for tests and benchmarks).
+"""

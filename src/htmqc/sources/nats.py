@@ -1,0 +1,1326 @@
+"""NATS JetStream as a source: :class:`NatsConsumer` implements
+:class:`~htmqc.ports.ConsumerPort`, so the same core and runtime drive it.
+
+Theory of operation
+-------------------
+*What maps to what.* A htmqc "topic" ``T`` with ``N`` partitions is ``N``
+JetStream streams ``T-0`` .. ``T-(N-1)``, stream ``T-p`` holding the one
+subject ``T.p`` (:func:`stream_name`, :func:`subject`). One stream per partition,
+not one stream with ``N`` subjects: a stream's sequence numbers are dense and
+increasing over *that stream*; with all partitions in one stream each
+partition would see every other one's messages as holes, and its watermarks,
+purge and retention would be shared. So a message's **offset** is its stream
+sequence minus one: sequences start at 1, grow by one per stored message and
+are never reused, hence offsets start at 0, are dense as written and increase
+in delivery order. A message deleted or purged leaves its sequence unused:
+the reader sees a hole, which the core treats as a gap, exactly as it treats
+Kafka's transaction markers (nothing to run; the watermark passes it once
+everything around it is done). Watermarks: ``low = first_seq - 1`` (0 for a
+stream never written), ``high = last_seq`` (one past the last offset).
+
+*Fetching.* Pull, not push: each assigned, unpaused partition has a pump task
+on the adapter's private asyncio thread (nats-py is asyncio) that owns an
+*ephemeral* pull consumer (``AckPolicy.NONE``, ``DeliverPolicy.BY_START_SEQUENCE``
+at the partition's position + 1, ``inactive_threshold`` so a crashed member
+leaves nothing behind) and sends it pull requests (``CONSUMER.MSG.NEXT``, up to
+:data:`FETCH_BATCH` messages, lingering :data:`FETCH_WAIT` s on an idle
+partition) whose messages a subscription callback collects into a bounded
+per-partition buffer (nats-py's ``fetch`` waits for each message with its own
+timeout, several times slower); :meth:`NatsConsumer.consume` hands them out
+(blocking, ``timeout`` seconds at most). Nothing is acknowledged, so JetStream
+never redelivers: every re-read is one the runtime asked for. The pull consumer
+is a cursor only: ``seek`` (and a new assignment) drop the buffer and start a
+new pull consumer at the new sequence; the old one is deleted. Pause stops the
+pump and hides the buffer, as librdkafka's pause does. An idle partition whose
+last messages were deleted moves its position to the log end once nothing can
+have been missed (:meth:`NatsConsumer._past_deleted_tail`).
+
+*Commits (at-least-once).* A commit stores ``{"offset", "metadata"}`` under
+``GROUP.T.p`` in the KV bucket :data:`OFFSETS_BUCKET`; ``committed`` reads it
+back. Why not JetStream acks (``AckPolicy.ALL``, ack of the last message below
+the watermark)? (1) ``seek`` must recreate the consumer, and a recreated
+consumer has lost its ack floor, so the commit would not survive the rollbacks,
+breaker probes and re-reads the runtime seeks for; (2) a plain ack is not
+confirmed, and the core must hear ``commit_acked`` only once the position is
+durable (a KV put returns after the server stored it); (3) ``ack_wait``
+redelivery and ``max_ack_pending`` would fight the runtime's own retries and
+flow window (a message in a 30 s backoff would be redelivered, a window of
+10,000 would stall at 1,000); (4) the commit's metadata (work finished above
+the watermark, :mod:`htmqc.sinks.encoding`) has no place in an ack. An
+asynchronous commit's outcome is reported through ``on_commit(err, parts)``
+inside a later :meth:`NatsConsumer.consume`, as confluent-kafka does; commits
+are stored in the order they were asked for.
+
+*Exactly-once.* Positions come from the sink (its claim, then ``seek``), as
+with Kafka; the KV bucket is not used.
+
+*Group membership.* NATS has no consumer-group rebalance: one member of a
+group consumes a topic, and holds a *lease* for it, the key ``GROUP.TOPIC`` in
+the KV bucket :data:`LEASES_BUCKET` (entries expire :data:`LEASE_SECONDS` after
+their last renewal; renewed every quarter of that). ``subscribe`` takes the
+lease, waiting as a standby while another member holds it; once held,
+``on_assign`` is called once, inside a ``consume``, with every partition of the
+topic, and nothing is ever revoked. ``close`` deletes the lease, so a standby
+takes over at once; a killed member's lease expires. While a renewal is overdue
+(80 % of the lease's life) nothing is handed out; a renewal refused because the
+lease moved on stops the run (``consume`` raises). The lease keeps two members
+of a group from consuming the same topic, but it rests on timing: exactly-once,
+the sink's fence is what makes a stale member harmless.
+
+Every offset *decision* stays in the core: this module converts sequences to
+offsets, keeps each partition's fetch position (one past the last message
+returned, as ``position`` reports) and stores the commits it is given.
+
+Keys and headers: NATS has no record key; the header :data:`KEY_HEADER`
+carries it (UTF-8 text). Other headers are handed on as ``(name, bytes)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+import socket
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import TopicPartition as KafkaTP
+
+from htmqc.errors import RuntimeFailure, UsageError
+
+log = logging.getLogger("htmqc.nats")
+
+T = TypeVar("T")
+
+#: The KV bucket at-least-once commits go to (key ``GROUP.TOPIC.PARTITION``).
+OFFSETS_BUCKET = "htmqc_offsets"
+#: The KV bucket of membership leases (key ``GROUP.TOPIC``; entries expire).
+LEASES_BUCKET = "htmqc_leases"
+#: Seconds a lease lives without renewal (the bucket's TTL); renewed every quarter.
+LEASE_SECONDS = 10.0
+#: The header that carries a message's key.
+KEY_HEADER = "Htmqc-Key"
+#: librdkafka's "no offset" (``OFFSET_INVALID``).
+OFFSET_INVALID = -1001
+#: Kafka's CreateTime timestamp type.
+TIMESTAMP_CREATE_TIME = 1
+#: Messages one pull request asks for.
+FETCH_BATCH = 1000
+#: Messages a partition's buffer holds before its pump waits.
+BUFFER_MESSAGES = 4000
+#: Seconds one pull request lingers on an idle partition.
+FETCH_WAIT = 1.0
+#: Seconds an abandoned pull consumer lives on the server (a crashed member's).
+INACTIVE_THRESHOLD = 30.0
+#: Seconds a blocking call into the NATS thread waits at most.
+CALL_TIMEOUT = 30.0
+#: Topic and group names: stream names, subject tokens and KV keys must stay plain.
+NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def stream_name(topic: str, partition: int) -> str:
+    """The stream of ``topic``'s ``partition``: ``TOPIC-P``."""
+    return f"{topic}-{partition}"
+
+
+def subject(topic: str, partition: int) -> str:
+    """The subject of ``topic``'s ``partition``: ``TOPIC.P``."""
+    return f"{topic}.{partition}"
+
+
+def offsets_key(group: str, topic: str, partition: int) -> str:
+    """The KV key of a group's committed offset of a partition."""
+    return f"{group}.{topic}.{partition}"
+
+
+def check_name(what: str, name: str) -> None:
+    """:raises UsageError: ``name`` is not letters, digits, ``_`` and ``-``."""
+    if not NAME.fullmatch(name):
+        raise UsageError(
+            f"{what} {name!r} cannot name a NATS stream or subject token",
+            "use letters, digits, '_' and '-' only",
+        )
+
+
+def servers_of(bootstrap: str) -> list[str]:
+    """``--bootstrap`` as nats-py server URLs (``nats://`` added when missing).
+
+    :raises UsageError: empty, or a scheme other than ``nats``, ``tls``, ``ws``, ``wss``.
+    """
+    out = []
+    for part in (p.strip() for p in bootstrap.split(",")):
+        if not part:
+            continue
+        scheme, sep, _rest = part.partition("://")
+        if not sep:
+            part = f"nats://{part}"
+        elif scheme not in {"nats", "tls", "ws", "wss"}:
+            raise UsageError(
+                f"--bootstrap {part!r} is not a NATS URL", "pass nats://HOST:PORT"
+            )
+        out.append(part)
+    if not out:
+        raise UsageError("--bootstrap is empty", "pass nats://HOST:PORT")
+    return out
+
+
+# -- messages -------------------------------------------------------------------------------
+
+
+class NatsMessage:
+    """A consumed JetStream message as the runtime reads it (:class:`htmqc.ports.Message`).
+
+    ``offset()`` is the stream sequence minus one; ``timestamp()`` is
+    ``(CreateTime, milliseconds)`` of the server's store time."""
+
+    __slots__ = ("_headers", "_key", "_offset", "_partition", "_topic", "_ts", "_value")
+
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, bytes]] | None,
+        timestamp_ms: int,
+    ) -> None:
+        self._topic = topic
+        self._partition = partition
+        self._offset = offset
+        self._key = key
+        self._value = value
+        self._headers = headers
+        self._ts = timestamp_ms
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes:
+        return self._value
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        return self._headers
+
+    def timestamp(self) -> tuple[int, int]:
+        return (TIMESTAMP_CREATE_TIME, self._ts)
+
+    def error(self) -> None:
+        return None
+
+    def __len__(self) -> int:
+        return len(self._value)
+
+    def __repr__(self) -> str:
+        return f"NatsMessage({self._topic}/{self._partition}@{self._offset})"
+
+
+def sequence_and_time(reply: str) -> tuple[int, int]:
+    """``(stream sequence, store time in ms)`` from a JetStream ack subject
+    (``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ns>.<pending>``, or
+    the longer form with domain and account hash).
+
+    :raises ValueError: not an ack subject.
+    """
+    tokens = reply.split(".")
+    if len(tokens) == 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
+        return int(tokens[5]), int(tokens[7]) // 1_000_000
+    if len(tokens) >= 11 and tokens[0] == "$JS" and tokens[1] == "ACK":
+        return int(tokens[7]), int(tokens[9]) // 1_000_000
+    raise ValueError(f"not a JetStream ack subject: {reply!r}")
+
+
+def consumer_sequence(reply: str) -> int:
+    """The consumer sequence (deliveries so far) of a JetStream ack subject.
+
+    :raises ValueError: not an ack subject."""
+    tokens = reply.split(".")
+    if len(tokens) == 9 and tokens[0] == "$JS" and tokens[1] == "ACK":
+        return int(tokens[6])
+    if len(tokens) >= 11 and tokens[0] == "$JS" and tokens[1] == "ACK":
+        return int(tokens[8])
+    raise ValueError(f"not a JetStream ack subject: {reply!r}")
+
+
+def convert(topic: str, partition: int, msg: Any) -> NatsMessage:
+    """A nats-py JetStream message as a :class:`NatsMessage`."""
+    seq, ts = sequence_and_time(msg.reply)
+    raw = msg.headers
+    key: bytes | None = None
+    headers: list[tuple[str, bytes]] | None = None
+    if raw:
+        headers = []
+        for name, value in raw.items():
+            if name == KEY_HEADER:
+                key = value.encode()
+            else:
+                headers.append((name, value.encode()))
+    return NatsMessage(topic, partition, seq - 1, key, msg.data, headers, ts)
+
+
+# -- the consumer -----------------------------------------------------------------------------
+
+
+def _tp(topic: str, partition: int, offset: int, metadata: str | None) -> KafkaTP:
+    """A confluent-kafka ``TopicPartition`` (whose ``metadata`` may not be ``None``)."""
+    if metadata is None:
+        return KafkaTP(topic, partition, offset)
+    return KafkaTP(topic, partition, offset, metadata=metadata)
+
+TP = tuple[str, int]
+CommitCallback = Callable[[Any, list[KafkaTP]], None]
+RebalanceCallback = Callable[[Any, list[KafkaTP]], None]
+
+
+@dataclass(eq=False)
+class _Partition:
+    """One assigned partition: its fetch position and buffer (guarded by the
+    consumer's condition), its pump (on the NATS thread)."""
+
+    topic: str
+    partition: int
+    #: Next offset to hand out (``position``); ``None`` until known (assigned without one).
+    position: int | None
+    paused: bool = False
+    #: Bumped by every seek / unassign: a pump of an older generation stops.
+    generation: int = 0
+    buffer: deque[NatsMessage] = field(default_factory=deque)
+    #: Set (on the NATS loop) to wake the pump.
+    wake: asyncio.Event | None = None
+    #: The pump waits for room or a resume.
+    idle: bool = False
+
+
+class NatsConsumer:
+    """The blocking :class:`~htmqc.ports.ConsumerPort` over JetStream (module docs).
+
+    ``bootstrap``: NATS URL(s); ``group``: the name commits are stored under;
+    ``on_commit(err, partitions)``: the outcome of each asynchronous commit,
+    called on the thread that calls :meth:`consume`.
+
+    :raises RuntimeFailure: the server cannot be reached within ``connect_seconds``.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        group: str,
+        *,
+        on_commit: CommitCallback | None = None,
+        connect_seconds: float = 10.0,
+        fetch_batch: int = FETCH_BATCH,
+        buffer_messages: int = BUFFER_MESSAGES,
+        lease_seconds: float = LEASE_SECONDS,
+    ) -> None:
+        check_name("group", group)
+        self.lease_seconds = lease_seconds
+        self.member = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        #: The lease's revision while held; the lease was taken by another member.
+        self._lease_revision: int | None = None
+        self._lease_lost = False
+        #: Monotonic time until which the lease is surely ours (renewed in time).
+        self._lease_until = 0.0
+        self._lease_key: str | None = None
+        self.servers = servers_of(bootstrap)
+        self.group = group
+        self.on_commit = on_commit
+        self.fetch_batch = fetch_batch
+        self.buffer_messages = max(buffer_messages, fetch_batch)
+        self._cond = threading.Condition()
+        self._parts: dict[TP, _Partition] = {}
+        self._acks: deque[tuple[Any, list[KafkaTP]]] = deque()
+        self._callbacks: tuple[RebalanceCallback | None, ...] = (None, None, None)
+        self._to_assign: list[KafkaTP] | None = None
+        self._watermarks: dict[TP, tuple[int, int]] = {}
+        self._rotate = 0
+        self._closed = False
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="htmqc-nats", daemon=True
+        )
+        self._thread.start()
+        self._commit_lock: asyncio.Lock | None = None
+        self._pumps: set[asyncio.Task[None]] = set()
+        self._kv: Any = None
+        try:
+            self._nc: Any = self._call(self._connect(connect_seconds), connect_seconds + 5)
+        except BaseException:
+            self._stop_loop()
+            raise
+        self._js: Any = self._nc.jetstream()
+
+    # -- the NATS thread ----------------------------------------------------------------------
+
+    def _submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float = CALL_TIMEOUT) -> T:
+        """Run ``coro`` on the NATS thread and wait for it (at most ``timeout`` s)."""
+        return self._submit(coro).result(timeout if timeout >= 0 else None)
+
+    async def _connect(self, seconds: float) -> Any:
+        self._commit_lock = asyncio.Lock()
+        return await connect(
+            self.servers, seconds, disconnected_cb=self._disconnected, reconnected_cb=_reconnected
+        )
+
+    def _stop_loop(self) -> None:
+        _stop(self._loop, self._thread)
+
+    # -- topics -------------------------------------------------------------------------------
+
+    def partitions(self, topic: str) -> int:
+        """How many partitions ``topic`` has: streams ``TOPIC-0``, ``TOPIC-1``, ...
+        that exist, counted from 0 up to the first missing one."""
+        return self._call(_count_partitions(self._js, topic))
+
+    # -- ConsumerPort ---------------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        topics: list[str],
+        on_assign: RebalanceCallback | None = None,
+        on_revoke: RebalanceCallback | None = None,
+        on_lost: RebalanceCallback | None = None,
+    ) -> None:
+        """Take ``topics[0]``'s partitions: once this member holds the group's
+        lease, ``on_assign`` gets them all inside a :meth:`consume` (module docs:
+        one member; a second one waits as a standby).
+
+        :raises UsageError: more than one topic, a bad name, or no such topic.
+        """
+        if len(topics) != 1:
+            raise UsageError(
+                "a NATS source consumes one topic", "drop --retry-topic with --source nats"
+            )
+        topic = topics[0]
+        check_name("topic", topic)
+        count = self.partitions(topic)
+        if count == 0:
+            raise UsageError(
+                f"topic {topic!r} has no streams {stream_name(topic, 0)}, ... on NATS",
+                "create them (pass --create-topic PARTITIONS)",
+            )
+        self._callbacks = (on_assign, on_revoke, on_lost)
+        self._lease_key = f"{self.group}.{topic}"
+        parts = [KafkaTP(topic, p) for p in range(count)]
+        self._loop.call_soon_threadsafe(self._track, self._hold_lease(parts))
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Any]:
+        """Up to ``num_messages`` messages of the unpaused partitions, waiting at
+        most ``timeout`` seconds (negative: until some arrive) for the first.
+        Rebalance and commit callbacks run here first. Nothing is handed out
+        while the lease is in doubt (not renewed within 80 % of its life).
+
+        :raises RuntimeFailure: another member took the lease (this one could
+            not renew it in time): the run must stop.
+        """
+        self._callbacks_due()
+        out = self._take(num_messages)
+        if out or timeout == 0:
+            return out
+        deadline = None if timeout < 0 else time.monotonic() + timeout
+        with self._cond:
+            while not self._closed:
+                if self._acks or self._to_assign is not None or self._lease_lost:
+                    break
+                if time.monotonic() < self._lease_until and any(
+                    p.buffer and not p.paused for p in self._parts.values()
+                ):
+                    break
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._cond.wait(left)
+        self._callbacks_due()
+        return self._take(num_messages)
+
+    def _callbacks_due(self) -> None:
+        if self._lease_lost:
+            raise RuntimeFailure(
+                f"another member took the NATS lease of group {self.group!r} "
+                f"({self._lease_key}): this one could not renew it in time",
+                "run one member per group; restart this one to wait as a standby",
+            )
+        with self._cond:
+            parts = self._to_assign
+            self._to_assign = None
+        if parts is not None:
+            on_assign = self._callbacks[0]
+            if on_assign is not None:
+                on_assign(self, parts)
+            else:
+                self.incremental_assign(parts)
+        while self._acks:
+            err, parts = self._acks.popleft()
+            if self.on_commit is not None:
+                self.on_commit(err, parts)
+
+    def _take(self, num: int) -> list[Any]:
+        out: list[Any] = []
+        wake: list[_Partition] = []
+        with self._cond:
+            if time.monotonic() >= self._lease_until:
+                return out  # the lease is in doubt (or not taken yet)
+            parts = [p for p in self._parts.values() if p.buffer and not p.paused]
+            if not parts:
+                return out
+            self._rotate = (self._rotate + 1) % len(parts)
+            for part in parts[self._rotate:] + parts[: self._rotate]:
+                room = num - len(out)
+                if room <= 0:
+                    break
+                buf = part.buffer
+                before = len(buf)
+                if before <= room:
+                    out.extend(buf)
+                    buf.clear()
+                else:
+                    out.extend(buf.popleft() for _ in range(room))
+                part.position = out[-1].offset() + 1
+                if part.idle and before > len(buf):
+                    part.idle = False
+                    wake.append(part)
+        for part in wake:
+            self._wake(part)
+        return out
+
+    def _wake(self, part: _Partition) -> None:
+        event = part.wake
+        if event is not None:
+            self._loop.call_soon_threadsafe(event.set)
+
+    def incremental_assign(self, partitions: list[KafkaTP]) -> None:
+        """Take ``partitions``, each at its offset if given (``>= 0``), else at the
+        group's committed offset, else at the log start."""
+        for p in partitions:
+            tp = (p.topic, p.partition)
+            with self._cond:
+                if tp in self._parts:
+                    continue
+                offset = p.offset if p.offset is not None and p.offset >= 0 else None
+                part = self._parts[tp] = _Partition(p.topic, p.partition, offset)
+            self._loop.call_soon_threadsafe(self._start_pump, part, part.generation)
+
+    def incremental_unassign(self, partitions: list[KafkaTP]) -> None:
+        """Let go of ``partitions`` (their pumps stop, buffers dropped)."""
+        with self._cond:
+            for p in partitions:
+                part = self._parts.pop((p.topic, p.partition), None)
+                if part is not None:
+                    part.generation += 1
+                    part.buffer.clear()
+                    self._wake(part)
+
+    def pause(self, partitions: list[KafkaTP]) -> None:
+        """Hand out nothing of ``partitions`` and stop fetching them."""
+        with self._cond:
+            for p in partitions:
+                part = self._parts.get((p.topic, p.partition))
+                if part is not None:
+                    part.paused = True
+
+    def resume(self, partitions: list[KafkaTP]) -> None:
+        """Undo :meth:`pause`."""
+        with self._cond:
+            for p in partitions:
+                part = self._parts.get((p.topic, p.partition))
+                if part is not None and part.paused:
+                    part.paused = False
+                    self._wake(part)
+            self._cond.notify_all()
+
+    def seek(self, partition: KafkaTP) -> None:
+        """Fetch ``partition`` from its offset on: the buffer is dropped and a new
+        pull consumer starts at that sequence.
+
+        :raises KafkaException: the partition is not assigned (as librdkafka).
+        """
+        tp = (partition.topic, partition.partition)
+        offset = partition.offset
+        with self._cond:
+            part = self._parts.get(tp)
+            if part is None or offset is None or offset < 0:
+                raise KafkaException(
+                    KafkaError(KafkaError._STATE, f"cannot seek {tp[0]}/{tp[1]} to {offset}")
+                )
+            part.generation += 1
+            part.buffer.clear()
+            part.position = offset
+            generation = part.generation
+            self._wake(part)
+        self._loop.call_soon_threadsafe(self._start_pump, part, generation)
+
+    def position(self, partitions: list[KafkaTP]) -> list[KafkaTP]:
+        """Each partition's next offset to hand out (``OFFSET_INVALID`` if unknown)."""
+        out = []
+        with self._cond:
+            for p in partitions:
+                part = self._parts.get((p.topic, p.partition))
+                pos = part.position if part is not None else None
+                out.append(KafkaTP(p.topic, p.partition, OFFSET_INVALID if pos is None else pos))
+        return out
+
+    def committed(self, partitions: list[KafkaTP], timeout: float = -1) -> list[KafkaTP]:
+        """The group's stored commits (offset and metadata), ``OFFSET_INVALID`` where none."""
+        wait = CALL_TIMEOUT if timeout < 0 else timeout
+        got = self._call(self._read_commits([(p.topic, p.partition) for p in partitions]), wait)
+        out = []
+        for p in partitions:
+            entry = got.get((p.topic, p.partition))
+            if entry is None:
+                out.append(KafkaTP(p.topic, p.partition, OFFSET_INVALID))
+            else:
+                out.append(_tp(p.topic, p.partition, entry[0], entry[1]))
+        return out
+
+    def commit(self, *args: Any, **kwargs: Any) -> Any:
+        """Store ``offsets=[TopicPartition(topic, partition, offset, metadata=...)]``.
+        ``asynchronous=True`` (default, as confluent-kafka): the outcome comes to
+        ``on_commit`` inside a later :meth:`consume`; ``False``: wait and return
+        the partitions.
+
+        :raises KafkaException: a synchronous commit failed.
+        :raises ValueError: no ``offsets`` (committing a message or the current
+            positions is not supported).
+        """
+        offsets = kwargs.get("offsets", args[0] if args else None)
+        if not offsets:
+            raise ValueError("NatsConsumer.commit needs offsets=[...]")
+        parts = [_tp(p.topic, p.partition, p.offset, p.metadata) for p in offsets]
+        future = self._submit(self._store_commits(parts))
+        if kwargs.get("asynchronous", True):
+
+            def done(f: Future[None]) -> None:
+                exc = f.exception()
+                err = None if exc is None else KafkaError(KafkaError._TRANSPORT, str(exc))
+                with self._cond:
+                    self._acks.append((err, parts))
+                    self._cond.notify_all()
+
+            future.add_done_callback(done)
+            return None
+        try:
+            future.result(CALL_TIMEOUT)
+        except Exception as exc:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, str(exc))) from None
+        return parts
+
+    def get_watermark_offsets(
+        self, partition: KafkaTP, timeout: float = -1, cached: bool = False
+    ) -> tuple[int, int] | None:
+        """``(low, high)``: ``first_seq - 1`` and ``last_seq`` of the partition's
+        stream. ``cached``: the last value read (refreshed in the background),
+        ``None`` before the first."""
+        tp = (partition.topic, partition.partition)
+        if cached:
+            self._submit(self._watermarks_of(tp))
+            return self._watermarks.get(tp)
+        wait = CALL_TIMEOUT if timeout < 0 else timeout
+        return self._call(self._watermarks_of(tp), wait)
+
+    def close(self) -> None:
+        """Stop every pump, delete their pull consumers, drain and close the
+        connection. Idempotent."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            for part in self._parts.values():
+                part.generation += 1
+                self._wake(part)
+            self._parts.clear()
+            self._cond.notify_all()
+        with contextlib.suppress(Exception):
+            self._call(self._close(), 10)
+        self._stop_loop()
+
+    # -- coroutines (NATS thread) --------------------------------------------------------------
+
+    def _start_pump(self, part: _Partition, generation: int) -> None:
+        if part.wake is None:
+            part.wake = asyncio.Event()
+        self._track(self._pump(part, generation))
+
+    def _track(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` as a task :meth:`close` cancels and waits for."""
+        task = self._loop.create_task(coro)
+        self._pumps.add(task)
+        task.add_done_callback(self._pumps.discard)
+
+    def _current(self, part: _Partition, generation: int) -> bool:
+        return not self._closed and part.generation == generation
+
+    async def _pump(self, part: _Partition, generation: int) -> None:
+        """Fetch ``part`` into its buffer while ``generation`` is current: one
+        *session* (an inbox subscription and an ephemeral pull consumer from the
+        position on) at a time; a failure ends the session, drops the buffer and
+        starts another from the position after a backoff."""
+        failures = 0
+        last_failure = 0.0
+        while self._current(part, generation):
+            try:
+                await self._session(part, generation)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if time.monotonic() - last_failure > 60:
+                    failures = 0  # a new incident
+                last_failure = time.monotonic()
+                failures += 1
+                if failures in (1, 10) or failures % 100 == 0:
+                    log.warning(
+                        "fetching %s/%d from NATS failed (%d in a row): %s: %s",
+                        part.topic, part.partition, failures, type(exc).__name__, exc,
+                    )
+                with self._cond:  # fetched again from the position on
+                    if self._current(part, generation):
+                        part.buffer.clear()
+                await asyncio.sleep(min(2.0, 0.1 * failures))
+
+    async def _session(self, part: _Partition, generation: int) -> None:
+        """One pull consumer's life (see :meth:`_pump`): pull requests of up to
+        :attr:`fetch_batch` messages (each lingering :data:`FETCH_WAIT` seconds on an
+        idle partition) while the buffer has room and the partition is not paused.
+
+        :raises RuntimeError: the server ended the consumer or refused a pull.
+        """
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        assert part.wake is not None
+        stream = stream_name(part.topic, part.partition)
+        arrived: list[Any] = []
+        event = asyncio.Event()
+
+        async def on_msg(msg: Any) -> None:
+            arrived.append(msg)
+            event.set()
+
+        inbox = self._nc.new_inbox()
+        sub = await self._nc.subscribe(inbox, cb=on_msg)
+        name: str | None = None
+        try:
+            received = 0  # the consumer sequence of the last delivery taken
+            fetched = -1  # the next offset this session expects (once its consumer exists)
+            while self._current(part, generation):
+                with self._cond:
+                    idle = part.idle = part.paused or len(part.buffer) >= self.buffer_messages
+                    start, room = part.position, self.buffer_messages - len(part.buffer)
+                    if idle:
+                        part.wake.clear()
+                if idle:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(part.wake.wait(), 0.5)
+                    continue
+                if start is None:
+                    start = await self._start_of(part)
+                    with self._cond:
+                        if not self._current(part, generation):
+                            return
+                        if part.position is None:
+                            part.position = start
+                if name is None:
+                    info = await self._js.add_consumer(
+                        stream,
+                        config=ConsumerConfig(
+                            ack_policy=AckPolicy.NONE,
+                            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                            opt_start_seq=start + 1,
+                            inactive_threshold=INACTIVE_THRESHOLD,
+                            max_waiting=16,
+                        ),
+                    )
+                    name = str(info.name)
+                    fetched = start
+                want = max(1, min(self.fetch_batch, room))
+                request = {"batch": want, "expires": int(FETCH_WAIT * 1e9)}
+                await self._nc.publish(
+                    f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{name}",
+                    json.dumps(request).encode(),
+                    reply=inbox,
+                )
+                got = 0
+                ended = False
+                deadline = time.monotonic() + FETCH_WAIT + 2.0
+                while got < want and not ended and self._current(part, generation):
+                    if not arrived:
+                        event.clear()
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break  # the request was lost (a reconnect): ask again
+                        with contextlib.suppress(asyncio.TimeoutError):
+                            await asyncio.wait_for(event.wait(), left)
+                        continue
+                    batch = arrived.copy()
+                    arrived.clear()
+                    out: list[NatsMessage] = []
+                    last = None
+                    for msg in batch:
+                        if not msg.reply:  # a status (JetStream data has an ack subject)
+                            ended = _request_ended(msg.headers or {}) or ended
+                            continue
+                        last = msg
+                        converted = convert(part.topic, part.partition, msg)
+                        if converted.offset() < fetched:
+                            continue  # delivered again (the server lost the cursor)
+                        fetched = converted.offset() + 1
+                        out.append(converted)
+                    if last is None:
+                        continue
+                    got += len(out)
+                    received = consumer_sequence(last.reply)
+                    with self._cond:
+                        if not self._current(part, generation):
+                            return
+                        part.buffer.extend(out)
+                        self._cond.notify_all()
+                if got == 0 and ended:
+                    await self._past_deleted_tail(part, generation, stream, name, received)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+            if name is not None:
+                with contextlib.suppress(Exception):
+                    await self._js.delete_consumer(stream, name)
+
+    async def _past_deleted_tail(
+        self, part: _Partition, generation: int, stream: str, name: str, received: int
+    ) -> None:
+        """An idle partition whose last messages were deleted: move its position to
+        the log end (``last_seq``), as librdkafka's position moves past records it
+        never hands out (transaction markers), so the core sees the gap
+        (``Engine.report_gaps``) and the watermark can reach the end.
+
+        Only if nothing was missed: ``last_seq`` is read first; then the pull
+        consumer ``name`` says nothing is pending and it made exactly the
+        ``received`` deliveries the pump took (all handed out: the buffer is
+        empty). Every sequence up to ``last_seq`` that was not handed out was
+        therefore deleted or purged."""
+        with self._cond:
+            position = part.position
+            if position is None or part.buffer or not self._current(part, generation):
+                return
+        last = (await self._watermarks_of((part.topic, part.partition)))[1]
+        if last <= position:
+            return
+        info = await self._js.consumer_info(stream, name)
+        if info.num_pending or int(info.delivered.consumer_seq or 0) != received:
+            return
+        with self._cond:
+            if self._current(part, generation) and not part.buffer and part.position == position:
+                part.position = last
+
+    async def _hold_lease(self, parts: list[KafkaTP]) -> None:
+        """Take the group's lease (waiting while another member holds it), then
+        hand ``parts`` to the next :meth:`consume` and renew the lease every
+        quarter of its life until :meth:`close`. A renewal refused because the
+        lease moved on sets :attr:`_lease_lost`."""
+        from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+
+        key = self._lease_key
+        assert key is not None
+        value = json.dumps({"member": self.member}).encode()
+        waited = False
+        revision = None
+        while revision is None and not self._closed:
+            try:
+                kv = await leases_bucket(self._js, self.lease_seconds)
+                revision = await kv.create(key, value)
+            except KeyWrongLastSequenceError:
+                if not waited:
+                    holder = "another member"
+                    with contextlib.suppress(KeyNotFoundError, ValueError, KeyError):
+                        entry = await kv.get(key)
+                        holder = json.loads(entry.value or b"{}")["member"]
+                    log.warning(
+                        "group %s on topic %s is held by %s; waiting as a standby (it takes "
+                        "over when that member stops, or %g s after it died)",
+                        self.group, key.split(".", 1)[1], holder, self.lease_seconds,
+                    )
+                    waited = True
+                await asyncio.sleep(0.5)
+            except Exception as exc:
+                log.warning("taking the NATS lease %s failed: %s: %s", key, type(exc).__name__, exc)
+                await asyncio.sleep(1.0)
+        if revision is None:
+            return
+        if waited:
+            log.info("took the lease of group %s (%s)", self.group, key)
+        with self._cond:
+            self._lease_revision = revision
+            self._lease_until = time.monotonic() + 0.8 * self.lease_seconds
+            self._to_assign = parts
+            self._cond.notify_all()
+        failures = 0
+        while not self._closed:
+            await asyncio.sleep(self.lease_seconds / 4)
+            if self._closed:
+                return
+            try:
+                kv = await leases_bucket(self._js, self.lease_seconds)
+                renewed = await _renew(kv, key, value, revision)
+            except Exception as exc:
+                failures += 1
+                if failures == 1:
+                    log.warning("renewing the NATS lease %s failed: %s", key, type(exc).__name__)
+                continue
+            if failures:
+                log.info("renewed the NATS lease %s again", key)
+            failures = 0
+            with self._cond:
+                if renewed is None:
+                    self._lease_lost = True
+                    self._lease_until = 0.0
+                    self._cond.notify_all()
+                    return
+                revision = self._lease_revision = renewed
+                self._lease_until = time.monotonic() + 0.8 * self.lease_seconds
+
+    async def _start_of(self, part: _Partition) -> int:
+        """Where a partition assigned without an offset starts: the committed
+        offset, else the log start."""
+        got = await self._read_commits([(part.topic, part.partition)])
+        entry = got.get((part.topic, part.partition))
+        if entry is not None:
+            return entry[0]
+        low, _high = await self._watermarks_of((part.topic, part.partition))
+        return low
+
+    async def _watermarks_of(self, tp: TP) -> tuple[int, int]:
+        info = await self._js.stream_info(stream_name(*tp))
+        state = info.state
+        marks = (max(int(state.first_seq or 0), 1) - 1, int(state.last_seq or 0))
+        self._watermarks[tp] = marks
+        return marks
+
+    async def _bucket(self) -> Any:
+        if self._kv is None:
+            self._kv = await offsets_bucket(self._js)
+        return self._kv
+
+    async def _read_commits(self, tps: Iterable[TP]) -> dict[TP, tuple[int, str | None]]:
+        from nats.js.errors import KeyNotFoundError
+
+        kv = await self._bucket()
+        out: dict[TP, tuple[int, str | None]] = {}
+        for tp in tps:
+            try:
+                entry = await kv.get(offsets_key(self.group, *tp))
+            except KeyNotFoundError:
+                continue
+            if entry.value:
+                stored = json.loads(entry.value)
+                out[tp] = (int(stored["offset"]), stored.get("metadata"))
+        return out
+
+    async def _store_commits(self, parts: Sequence[KafkaTP]) -> None:
+        assert self._commit_lock is not None
+        async with self._commit_lock:  # FIFO: commits are stored in the order asked
+            kv = await self._bucket()
+            for p in parts:
+                value = json.dumps({"offset": p.offset, "metadata": p.metadata})
+                await kv.put(offsets_key(self.group, p.topic, p.partition), value.encode())
+
+    async def _disconnected(self) -> None:
+        if not self._closed:
+            log.warning("disconnected from NATS; reconnecting")
+
+    async def _close(self) -> None:
+        pumps = list(self._pumps)
+        for task in pumps:
+            task.cancel()  # pumps delete their pull consumers on the way out
+        if pumps:
+            await asyncio.wait(pumps, timeout=3)
+        revision, key = self._lease_revision, self._lease_key
+        if revision is not None and key is not None and not self._lease_lost:
+            with contextlib.suppress(Exception):  # a standby takes over at once
+                kv = await leases_bucket(self._js, self.lease_seconds)
+                await kv.delete(key, last=revision)
+        with contextlib.suppress(Exception):
+            await self._nc.drain()
+        with contextlib.suppress(Exception):
+            await self._nc.close()
+
+
+def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    """Stop ``loop`` (running on ``thread``), join the thread, close the loop."""
+    if not loop.is_closed():
+        loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+    if not thread.is_alive() and not loop.is_closed():
+        loop.close()
+
+
+def _request_ended(headers: dict[str, str]) -> bool:
+    """Whether a status message ends the pull request it answers: ``100`` (a
+    heartbeat) does not; ``404`` (no messages), ``408`` (expired) and ``409``
+    (e.g. too many waiting requests) do.
+
+    :raises RuntimeError: the consumer was deleted, or any other status."""
+    code = headers.get("Status", "")
+    if code == "100":
+        return False
+    if code in ("404", "408"):
+        return True
+    description = headers.get("Description", "")
+    if code == "409" and "deleted" not in description.lower():
+        return True
+    raise RuntimeError(f"pull request answered {code} {description}".strip())
+
+
+async def connect(servers: list[str], seconds: float, **callbacks: Any) -> Any:
+    """A nats-py connection to ``servers``, tried for ``seconds`` at most; once up
+    it reconnects for ever (nats-py's own reconnect loop). ``callbacks``: nats-py's
+    ``disconnected_cb`` and the like.
+
+    :raises RuntimeFailure: no server answered in time.
+    """
+    import nats
+
+    deadline = time.monotonic() + seconds
+    last = "timed out"
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            # Bounded: nats-py's first connect retries as long as its reconnects do.
+            nc = await asyncio.wait_for(
+                nats.connect(
+                    servers=servers,
+                    connect_timeout=max(0.2, min(2.0, left)),
+                    allow_reconnect=True,
+                    max_reconnect_attempts=1,
+                    reconnect_time_wait=0.2,
+                    error_cb=_quiet,
+                    **callbacks,
+                ),
+                max(1.0, left + 1.0),
+            )
+            nc.options["max_reconnect_attempts"] = -1  # connected: reconnect for ever
+            nc.options["reconnect_time_wait"] = 0.5
+            return nc
+        except Exception as exc:
+            last = type(exc).__name__
+        if time.monotonic() >= deadline:
+            raise RuntimeFailure(
+                f"cannot reach NATS at {', '.join(servers)}: {last}",
+                "check --bootstrap and that nats-server runs with JetStream (-js)",
+            )
+        await asyncio.sleep(0.2)
+
+
+async def _quiet(exc: Exception) -> None:
+    log.debug("nats: %s: %s", type(exc).__name__, exc)
+
+
+async def _reconnected() -> None:
+    log.info("reconnected to NATS")
+
+
+async def _count_partitions(js: Any, topic: str) -> int:
+    from nats.js.errors import NotFoundError
+
+    count = 0
+    while True:
+        try:
+            await js.stream_info(stream_name(topic, count))
+        except NotFoundError:
+            return count
+        count += 1
+
+
+async def _renew(kv: Any, key: str, value: bytes, revision: int) -> int | None:
+    """Renew the lease ``key`` held at ``revision``: its new revision, or ``None``
+    if another member holds it now. A lease that expired or vanished (a server
+    restart, an outage longer than its life) and that nobody took meanwhile is
+    taken again; one whose last renewal's answer was lost (the value is ours) is
+    kept at the revision found."""
+    from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+
+    try:
+        return int(await kv.update(key, value, last=revision))
+    except KeyWrongLastSequenceError:
+        pass
+    try:
+        entry = await kv.get(key)
+    except KeyNotFoundError:
+        try:
+            return int(await kv.create(key, value))
+        except KeyWrongLastSequenceError:
+            return None
+    return int(entry.revision) if entry.value == value else None
+
+
+async def leases_bucket(js: Any, ttl: float = LEASE_SECONDS) -> Any:
+    """The KV bucket of membership leases (created if missing: file storage,
+    one value per key, entries expire after ``ttl`` seconds without renewal)."""
+    from nats.js.errors import BucketNotFoundError
+
+    try:
+        return await js.key_value(LEASES_BUCKET)
+    except BucketNotFoundError:
+        from nats.js.api import KeyValueConfig, StorageType
+
+        with contextlib.suppress(Exception):
+            await js.create_key_value(
+                KeyValueConfig(
+                    bucket=LEASES_BUCKET, history=1, ttl=ttl, storage=StorageType.FILE
+                )
+            )
+        return await js.key_value(LEASES_BUCKET)
+
+
+async def offsets_bucket(js: Any) -> Any:
+    """The KV bucket of at-least-once commits (created if missing, file storage,
+    one value per key)."""
+    from nats.js.errors import BucketNotFoundError
+
+    try:
+        return await js.key_value(OFFSETS_BUCKET)
+    except BucketNotFoundError:
+        from nats.js.api import KeyValueConfig
+
+        with contextlib.suppress(Exception):
+            await js.create_key_value(KeyValueConfig(bucket=OFFSETS_BUCKET, history=1))
+        return await js.key_value(OFFSETS_BUCKET)
+
+
+# -- topics, producing, dead letters -------------------------------------------------------------
+
+
+class NatsClient:
+    """A blocking NATS connection on a private asyncio thread (admin, producing)."""
+
+    def __init__(self, bootstrap: str, connect_seconds: float = 10.0) -> None:
+
+        servers = servers_of(bootstrap)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="htmqc-nats-client", daemon=True
+        )
+        self._thread.start()
+
+        try:
+            self.nc: Any = self.call(connect(servers, connect_seconds), connect_seconds + 5)
+        except BaseException:
+            _stop(self._loop, self._thread)
+            raise
+        self.js: Any = self.nc.jetstream()
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float = CALL_TIMEOUT) -> T:
+        """Run ``coro`` on the client's thread and wait for it."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        """Run ``coro`` on the client's thread; its future."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def partitions(self, topic: str) -> int:
+        """Partitions of ``topic`` (see :meth:`NatsConsumer.partitions`)."""
+        return self.call(_count_partitions(self.js, topic))
+
+    def create_topic(self, topic: str, partitions: int) -> None:
+        """Create streams ``TOPIC-0`` .. for ``partitions`` (file storage, one
+        subject each); existing ones are kept."""
+        check_name("topic", topic)
+
+        async def create() -> None:
+            from nats.js.api import StorageType, StreamConfig
+
+            for p in range(partitions):
+                with contextlib.suppress(Exception):
+                    await self.js.stream_info(stream_name(topic, p))
+                    continue
+                await self.js.add_stream(
+                    StreamConfig(
+                        name=stream_name(topic, p),
+                        subjects=[subject(topic, p)],
+                        storage=StorageType.FILE,
+                    )
+                )
+
+        self.call(create())
+
+    def delete_message(self, topic: str, partition: int, offset: int) -> None:
+        """Delete the message at ``offset`` (a hole: a gap for readers)."""
+        self.call(self.js.delete_msg(stream_name(topic, partition), offset + 1))
+
+    def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+        """``(low, high)`` of a partition (:meth:`NatsConsumer.get_watermark_offsets`)."""
+
+        async def get() -> tuple[int, int]:
+            state = (await self.js.stream_info(stream_name(topic, partition))).state
+            return max(int(state.first_seq or 0), 1) - 1, int(state.last_seq or 0)
+
+        return self.call(get())
+
+    def committed(self, group: str, topic: str, partition: int) -> int | None:
+        """The group's committed offset of a partition (at-least-once), or ``None``."""
+        from nats.js.errors import KeyNotFoundError
+
+        async def get() -> int | None:
+            kv = await offsets_bucket(self.js)
+            try:
+                entry = await kv.get(offsets_key(group, topic, partition))
+            except KeyNotFoundError:
+                return None
+            return int(json.loads(entry.value)["offset"]) if entry.value else None
+
+        return self.call(get())
+
+    def publish_many(
+        self, records: Iterable[tuple[str, bytes, dict[str, str] | None]], window: int = 1000
+    ) -> int:
+        """Publish ``(subject, payload, headers)`` records and wait for every
+        JetStream ack (``window`` acks outstanding at most); return the count."""
+
+        async def run() -> int:
+            pending: deque[asyncio.Future[Any]] = deque()
+            n = 0
+            for subj, payload, headers in records:
+                pending.append(asyncio.ensure_future(
+                    self.js.publish(subj, payload, headers=headers)
+                ))
+                n += 1
+                if len(pending) >= window:
+                    await pending.popleft()
+            for fut in pending:
+                await fut
+            return n
+
+        return self.call(run(), 600)
+
+    def close(self) -> None:
+        """Drain and close the connection, stop the thread."""
+        with contextlib.suppress(Exception):
+            self.call(self.nc.drain(), 10)
+        _stop(self._loop, self._thread)
+
+
+def produce(
+    bootstrap: str,
+    topic: str,
+    count: int,
+    *,
+    partitions: int,
+    keys: int = 100,
+    size: int = 100,
+    start_id: int = 0,
+    client: NatsClient | None = None,
+) -> int:
+    """Write ``count`` numbered messages (:mod:`htmqc.produce`'s format: key
+    ``k{i % keys}``, value the zero-padded id) to ``topic``, creating its
+    ``partitions`` streams if missing. Message ``i`` goes to partition
+    ``i % partitions``. Returns ``count``."""
+    from htmqc.produce import ID_HEADER, message_key, message_value
+
+    own = client is None
+    nc = client or NatsClient(bootstrap)
+    try:
+        nc.create_topic(topic, partitions)
+
+        def records() -> Iterable[tuple[str, bytes, dict[str, str] | None]]:
+            for i in range(start_id, start_id + count):
+                key = message_key(i, keys)
+                headers = {ID_HEADER: str(i)}
+                if key is not None:
+                    headers[KEY_HEADER] = key.decode()
+                yield subject(topic, i % partitions), message_value(i, size), headers
+
+        return nc.publish_many(records())
+    finally:
+        if own:
+            nc.close()
+
+
+def _header_text(value: bytes | None) -> str:
+    """A header value NATS can carry (one line of text)."""
+    text = (value or b"").decode("utf-8", "backslashreplace")
+    return text.replace("\r", "\\r").replace("\n", "\\n")
+
+
+class NatsProducer:
+    """The dead-letter producer of a NATS source (:class:`~htmqc.ports.ProducerPort`):
+    ``produce(TOPIC.dlq, ...)`` publishes to the subject ``TOPIC.dlq`` (or
+    ``TOPIC.dlq.poison``), stored by the stream ``TOPIC-dlq`` (created if
+    missing); ``flush`` waits for the JetStream acks."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        from htmqc.dlq.record import dlq_topic, poison_topic
+
+        self.client = NatsClient(bootstrap)
+        self._pending: list[Future[Any]] = []
+        self._lock = threading.Lock()
+        subjects = [dlq_topic(topic), poison_topic(topic)]
+
+        async def ensure() -> None:
+            from nats.js.api import StorageType, StreamConfig
+
+            try:
+                await self.client.js.stream_info(f"{topic}-dlq")
+            except Exception:
+                await self.client.js.add_stream(
+                    StreamConfig(name=f"{topic}-dlq", subjects=subjects, storage=StorageType.FILE)
+                )
+
+        self.client.call(ensure())
+
+    def produce(self, topic: str, *args: Any, **kwargs: Any) -> None:
+        """Publish ``value`` (``key``, ``headers``) to the subject ``topic``;
+        ``on_delivery(err, None)`` once acked."""
+        value = kwargs.get("value", args[0] if args else None)
+        key = kwargs.get("key")
+        headers = {name: _header_text(v) for name, v in (kwargs.get("headers") or [])}
+        if key is not None:
+            headers[KEY_HEADER] = _header_text(key)
+        callback = kwargs.get("on_delivery")
+        future = self.client.submit(self.client.js.publish(topic, value or b"", headers=headers))
+        if callback is not None:
+            future.add_done_callback(
+                lambda f: callback(
+                    None if f.exception() is None
+                    else KafkaError(KafkaError._MSG_TIMED_OUT, str(f.exception())),
+                    None,
+                )
+            )
+        with self._lock:
+            self._pending.append(future)
+
+    def flush(self, timeout: float = -1) -> int:
+        """Wait for every published record's ack; return how many are still unacked."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        deadline = None if timeout < 0 else time.monotonic() + timeout
+        left = 0
+        for future in pending:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                future.result(wait)
+            except TimeoutError:
+                left += 1
+            except Exception:
+                pass  # reported through on_delivery
+        return left
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.client.close()

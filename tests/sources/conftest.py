@@ -1,0 +1,32 @@
+"""A private NATS JetStream server per test module (``nats-server -js`` on a free
+port, a temporary store; stopped and removed afterwards), and fresh topics on it.
+
+A missing ``nats-server`` or ``nats-py`` skips on a developer's machine and fails
+under ``CI=true`` (:mod:`tests.services`)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from htmqc.sources.nats_server import NatsServer, start_nats
+from tests.services import require_module, require_nats_server
+
+TopicFactory = Callable[..., str]
+
+
+@pytest.fixture(scope="module")
+def nats_server() -> Iterator[NatsServer]:
+    """A running JetStream server for the module's tests."""
+    binary = require_nats_server()
+    require_module("nats")
+    with start_nats(binary=binary) as server:
+        yield server
+
+
+@pytest.fixture
+def topic_name() -> Callable[[], str]:
+    """A fresh topic name (streams are created by whoever produces first)."""
+    return lambda: f"t{uuid.uuid4().hex[:10]}"

@@ -1,0 +1,360 @@
+"""The JetStream adapter (:mod:`htmqc.sources.nats`) against a real ``nats-server``:
+offsets are stream sequences minus one (dense, with holes where messages were
+deleted or purged), seek, pause, commits in the KV bucket and their callbacks,
+one assignment of every partition, nothing left on the server after close; and
+the launcher leaves nothing running. Run-level evidence is in ``test_nats_run.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import TopicPartition as KafkaTP
+
+from htmqc.errors import UsageError
+from htmqc.produce import parse_id
+from htmqc.runtime.launch import check_nats_options
+from htmqc.runtime.options import RunOptions
+from htmqc.sources.nats import (
+    OFFSET_INVALID,
+    NatsClient,
+    NatsConsumer,
+    produce,
+    sequence_and_time,
+    stream_name,
+)
+from htmqc.sources.nats_server import NatsServer, start_nats
+from tests.services import require_nats_server
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def client(nats_server: NatsServer) -> Iterator[NatsClient]:
+    c = NatsClient(nats_server.url)
+    yield c
+    c.close()
+
+
+def drain(consumer: NatsConsumer, want: int, timeout: float = 10.0) -> list[Any]:
+    """Consume until ``want`` messages came (or ``timeout``)."""
+    got: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < want and time.monotonic() < deadline:
+        got += consumer.consume(1000, 0.2)
+    return got
+
+
+def assign_at(offsets: dict[int, int]) -> Callable[[Any, list[KafkaTP]], None]:
+    def on_assign(consumer: Any, parts: list[KafkaTP]) -> None:
+        consumer.incremental_assign(
+            [KafkaTP(p.topic, p.partition, offsets.get(p.partition, 0)) for p in parts]
+        )
+
+    return on_assign
+
+
+def test_offsets_are_sequences_minus_one_dense_with_holes_where_deleted(
+    nats_server: NatsServer, client: NatsClient, topic_name: Callable[[], str]
+) -> None:
+    topic = topic_name()
+    produce(nats_server.url, topic, 400, partitions=4, client=client)
+    client.delete_message(topic, 1, 10)  # a hole in partition 1
+    consumer = NatsConsumer(nats_server.url, "g")
+    assigned: list[list[KafkaTP]] = []
+    try:
+
+        def on_assign(c: Any, parts: list[KafkaTP]) -> None:
+            assigned.append(parts)
+            assign_at({})(c, parts)
+
+        consumer.subscribe([topic], on_assign=on_assign)
+        got = drain(consumer, 399)
+        assert len(assigned) == 1, "one member: one assignment of every partition"
+        assert sorted(p.partition for p in assigned[0]) == [0, 1, 2, 3]
+        by: dict[int, list[int]] = {}
+        for msg in got:
+            by.setdefault(msg.partition(), []).append(msg.offset())
+            # produce puts message i on partition i % 4 at offset i // 4
+            ident = parse_id(msg.value())
+            assert (ident % 4, ident // 4) == (msg.partition(), msg.offset())
+            assert msg.key() == f"k{ident % 100}".encode()
+            assert msg.topic() == topic and msg.error() is None
+            assert msg.timestamp()[1] > 1_600_000_000_000
+        assert by[0] == list(range(100))
+        assert by[1] == [o for o in range(100) if o != 10], "the deleted message is a hole"
+        assert client.watermarks(topic, 1) == (0, 100)
+        positions = consumer.position([KafkaTP(topic, p) for p in range(4)])
+        assert [p.offset for p in positions] == [100] * 4
+        assert consumer.get_watermark_offsets(KafkaTP(topic, 1)) == (0, 100)
+    finally:
+        consumer.close()
+
+
+def test_a_purge_moves_the_low_watermark_and_a_seek_below_it_lands_on_the_first_kept(
+    nats_server: NatsServer, client: NatsClient, topic_name: Callable[[], str]
+) -> None:
+    topic = topic_name()
+    produce(nats_server.url, topic, 50, partitions=1, client=client)
+    client.call(client.js.purge_stream(stream_name(topic, 0), seq=21))  # keeps seq 21..
+    assert client.watermarks(topic, 0) == (20, 50)
+    consumer = NatsConsumer(nats_server.url, "g")
+    try:
+        consumer.subscribe([topic], on_assign=assign_at({0: 3}))
+        got = drain(consumer, 30)
+        assert [m.offset() for m in got] == list(range(20, 50))
+    finally:
+        consumer.close()
+
+
+def test_seek_refetches_and_pause_hides_a_partition(
+    nats_server: NatsServer, client: NatsClient, topic_name: Callable[[], str]
+) -> None:
+    topic = topic_name()
+    produce(nats_server.url, topic, 200, partitions=2, client=client)
+    consumer = NatsConsumer(nats_server.url, "g")
+    try:
+        consumer.subscribe([topic], on_assign=assign_at({}))
+        assert len(drain(consumer, 200)) == 200
+        consumer.seek(KafkaTP(topic, 0, 90))
+        consumer.pause([KafkaTP(topic, 1)])
+        consumer.seek(KafkaTP(topic, 1, 0))
+        got = drain(consumer, 10, timeout=3)
+        assert [(m.partition(), m.offset()) for m in got] == [(0, o) for o in range(90, 100)]
+        assert consumer.consume(100, 0.5) == [], "a paused partition hands out nothing"
+        consumer.resume([KafkaTP(topic, 1)])
+        assert [m.offset() for m in drain(consumer, 100)] == list(range(100))
+        with pytest.raises(Exception, match="cannot seek"):
+            consumer.seek(KafkaTP(topic, 7, 0))
+    finally:
+        consumer.close()
+
+
+def test_commits_are_stored_in_order_and_acknowledged_inside_consume(
+    nats_server: NatsServer, client: NatsClient, topic_name: Callable[[], str]
+) -> None:
+    topic = topic_name()
+    produce(nats_server.url, topic, 10, partitions=2, client=client)
+    acks: list[tuple[Any, list[KafkaTP]]] = []
+    consumer = NatsConsumer(nats_server.url, "grp", on_commit=lambda e, p: acks.append((e, p)))
+    try:
+        consumer.subscribe([topic], on_assign=assign_at({}))
+        for offset in range(1, 6):  # asynchronous, in order: the last one stands
+            consumer.commit(offsets=[KafkaTP(topic, 0, offset, metadata=f"m{offset}")])
+        assert acks == [], "an outcome is reported inside consume, not on another thread"
+        deadline = time.monotonic() + 5
+        while len(acks) < 5 and time.monotonic() < deadline:
+            consumer.consume(10, 0.1)
+        assert [(e, p[0].offset) for e, p in acks] == [(None, o) for o in range(1, 6)]
+        done = consumer.commit(offsets=[KafkaTP(topic, 1, 4)], asynchronous=False)
+        assert [(p.partition, p.offset) for p in done] == [(1, 4)]
+        got = consumer.committed([KafkaTP(topic, p) for p in range(2)] + [KafkaTP(topic, 9)])
+        assert [(p.offset, p.metadata) for p in got] == [
+            (5, "m5"), (4, None), (OFFSET_INVALID, None)
+        ]
+        assert client.committed("grp", topic, 0) == 5
+    finally:
+        consumer.close()
+    # A new member of the group assigned without offsets starts at the commits.
+    again = NatsConsumer(nats_server.url, "grp")
+    try:
+        again.subscribe([topic])
+        got = drain(again, 1, timeout=3) + drain(again, 10, timeout=1)
+        # partition 0 holds offsets 0..4 (all committed), partition 1 committed up to 4
+        assert sorted((m.partition(), m.offset()) for m in got) == [(1, 4)]
+    finally:
+        again.close()
+
+
+def test_close_leaves_no_pull_consumer_on_the_server(
+    nats_server: NatsServer, client: NatsClient, topic_name: Callable[[], str]
+) -> None:
+    topic = topic_name()
+    produce(nats_server.url, topic, 20, partitions=2, client=client)
+    consumer = NatsConsumer(nats_server.url, "g")
+    consumer.subscribe([topic], on_assign=assign_at({}))
+    drain(consumer, 20)
+    consumer.seek(KafkaTP(topic, 0, 0))  # one pull consumer replaced by another
+    drain(consumer, 10)
+
+    def consumers() -> int:
+        return sum(
+            client.call(client.js.stream_info(stream_name(topic, p))).state.consumer_count
+            for p in range(2)
+        )
+
+    deadline = time.monotonic() + 5
+    while consumers() != 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert consumers() == 2, "a seek replaces the partition's pull consumer"
+    consumer.close()
+    assert consumers() == 0
+
+
+def test_a_second_member_of_a_group_waits_until_the_first_lets_go(
+    nats_server: NatsServer, client: NatsClient, topic_name: Callable[[], str]
+) -> None:
+    topic = topic_name()
+    produce(nats_server.url, topic, 10, partitions=2, client=client)
+    first, second, other = (NatsConsumer(nats_server.url, g) for g in ("g", "g", "other"))
+    assigned: dict[str, int] = {}
+
+    def counting(name: str) -> Callable[[Any, list[KafkaTP]], None]:
+        def on_assign(c: Any, parts: list[KafkaTP]) -> None:
+            assigned[name] = assigned.get(name, 0) + 1
+            assign_at({})(c, parts)
+
+        return on_assign
+
+    try:
+        first.subscribe([topic], on_assign=counting("first"))
+        assert len(drain(first, 10)) == 10
+        second.subscribe([topic], on_assign=counting("second"))
+        other.subscribe([topic], on_assign=counting("other"))
+        assert len(drain(other, 10)) == 10, "another group is not held back"
+        assert drain(second, 1, timeout=1.5) == [], "a standby gets nothing"
+        assert "second" not in assigned
+        first.close()  # releases the lease: the standby takes over at once
+        assert len(drain(second, 10, timeout=5)) == 10
+        assert assigned == {"first": 1, "second": 1, "other": 1}
+    finally:
+        for c in (first, second, other):
+            c.close()
+
+
+def test_a_member_whose_lease_was_taken_stops(
+    nats_server: NatsServer, client: NatsClient, topic_name: Callable[[], str]
+) -> None:
+    from htmqc.errors import RuntimeFailure
+    from htmqc.sources.nats import leases_bucket
+
+    topic = topic_name()
+    produce(nats_server.url, topic, 10, partitions=1, client=client)
+    consumer = NatsConsumer(nats_server.url, "g")
+    try:
+        consumer.subscribe([topic], on_assign=assign_at({}))
+        assert len(drain(consumer, 10)) == 10
+
+        async def steal() -> None:
+            kv = await leases_bucket(client.js)
+            await kv.put(f"g.{topic}", b'{"member": "thief"}')
+
+        client.call(steal())
+        with pytest.raises(RuntimeFailure, match="another member took the NATS lease"):
+            drain(consumer, 1, timeout=10)
+    finally:
+        consumer.close()
+
+
+def test_a_server_killed_and_restarted_on_its_store_is_resumed(tmp_path: Path) -> None:
+    """SIGKILL the server (longer down than a lease lives), restart it on the same
+    port and store: the consumer reconnects, keeps (or takes again) its lease and
+    reads what is published afterwards, without losing or repeating an offset."""
+    binary = require_nats_server()
+    server = start_nats(binary=binary, store=tmp_path / "js")
+    consumer = None
+    try:
+        produce(server.url, "r", 100, partitions=2)
+        consumer = NatsConsumer(server.url, "g", lease_seconds=2.0)
+        consumer.subscribe(["r"], on_assign=assign_at({}))
+        got = drain(consumer, 100)
+        server.kill()
+        time.sleep(3)
+        server = start_nats(binary=binary, port=server.port, store=tmp_path / "js")
+        produce(server.url, "r", 100, partitions=2, start_id=100)
+        got += drain(consumer, 100, timeout=30)
+        assert sorted(parse_id(m.value()) for m in got) == list(range(200))
+        assert sorted((m.partition(), m.offset()) for m in got) == [
+            (p, o) for p in range(2) for o in range(100)
+        ]
+    finally:
+        if consumer is not None:
+            consumer.close()
+        server.stop()
+
+
+def test_subscribe_refuses_a_missing_topic_and_a_second_topic(nats_server: NatsServer) -> None:
+    consumer = NatsConsumer(nats_server.url, "g")
+    try:
+        with pytest.raises(UsageError, match="has no streams"):
+            consumer.subscribe(["nothere"])
+        with pytest.raises(UsageError, match="one topic"):
+            consumer.subscribe(["a", "a_retry"])
+    finally:
+        consumer.close()
+
+
+def test_an_unreachable_server_is_one_line() -> None:
+    from htmqc.errors import RuntimeFailure
+    from htmqc.sources.nats_server import free_port
+
+    with pytest.raises(RuntimeFailure, match="cannot reach NATS"):
+        NatsConsumer(f"nats://127.0.0.1:{free_port()}", "g", connect_seconds=0.5)
+
+
+def test_ack_subjects_parse_in_both_forms() -> None:
+    assert sequence_and_time("$JS.ACK.s-0.c.1.42.7.1700000000123456789.0") == (
+        42, 1_700_000_000_123
+    )
+    assert sequence_and_time("$JS.ACK.dom.hash.s-0.c.1.42.7.1700000000123456789.0.tok") == (
+        42, 1_700_000_000_123
+    )
+    with pytest.raises(ValueError):
+        sequence_and_time("_INBOX.x")
+
+
+def _options(**kw: Any) -> RunOptions:
+    base: dict[str, Any] = {
+        "bootstrap": "nats://127.0.0.1:4222", "topic": "t", "group": "g", "source": "nats"
+    }
+    return RunOptions(**{**base, **kw})
+
+
+@pytest.mark.parametrize(
+    ("kw", "says"),
+    [
+        ({"mode": "exactly-once"}, "exactly-once needs a sink"),
+        ({"mode": "exactly-once", "sink": "kafka:out"}, "a kafka: sink cannot"),
+        ({"retry_topic": True}, "--retry-topic is not supported"),
+        ({"kafka_config": {"fetch.min.bytes": "1"}}, "--kafka-config"),
+        ({"group_protocol": "consumer"}, "--group-protocol"),
+        ({"member_id": "m1"}, "--member-id"),
+        ({"topic": "a.b"}, "topic 'a.b' cannot name"),
+        ({"bootstrap": "http://x:1"}, "not a NATS URL"),
+    ],
+)
+def test_what_does_not_apply_to_nats_is_refused_in_one_line(
+    kw: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(UsageError, match=says) as info:
+        check_nats_options(_options(**kw))
+    assert "\n" not in info.value.line()
+
+
+def test_the_launcher_leaves_nothing_running() -> None:
+    binary = require_nats_server()
+    server = start_nats(binary=binary)
+    store, pid = server.store, server.process.pid
+    assert asyncio.run(_answers(server.url))
+    server.stop()
+    assert server.process.poll() is not None and not store.exists()
+    with pytest.raises(ProcessLookupError):
+        import os
+
+        os.kill(pid, 0)
+
+
+async def _answers(url: str) -> bool:
+    import nats
+
+    nc = await nats.connect(url)
+    try:
+        info = await nc.jetstream().account_info()
+        return info is not None
+    finally:
+        await nc.close()

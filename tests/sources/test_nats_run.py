@@ -1,0 +1,195 @@
+"""``htmqc run --source nats`` end to end: the same core and runtime over NATS
+JetStream, in subprocesses, against a private ``nats-server`` (tests/sources/conftest.py).
+
+* at-least-once over a 4-partition topic across a SIGKILL: nothing lost, the
+  successor waits for the dead member's lease, starts at the commits in the KV
+  bucket, and the duplicates are exactly the killed process's uncommitted window;
+* exactly-once into SQLite across a SIGKILL mid-transaction: every effect stored
+  exactly once, and the restart resumes at the sink's positions;
+* deleted and purged messages (holes in the stream sequence) are gaps: the rest
+  is stored exactly once and the positions reach the log end;
+* at-least-once dead letters are published to the subject ``TOPIC.dlq``.
+
+The audit helpers are the Kafka tests' (tests/runtime/test_run_broker.py,
+test_modes_broker.py).
+"""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from htmqc.sources.nats import NatsClient, produce, stream_name
+from htmqc.sources.nats_server import NatsServer
+from tests.runtime.test_modes_broker import assigned_starts, kill
+from tests.runtime.test_run_broker import (
+    effect_ids,
+    exactly_once_args,
+    finish,
+    htmqc_run,
+    stored,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow
+HANDLERS = "tests.runtime.handlers"
+
+
+@pytest.fixture
+def client(nats_server: NatsServer) -> Iterator[NatsClient]:
+    c = NatsClient(nats_server.url)
+    yield c
+    c.close()
+
+
+def nats(*args: str) -> list[str]:
+    """``htmqc run`` arguments after the handler, with ``--source nats``."""
+    return ["--source", "nats", *args]
+
+
+def positions(db: Path) -> dict[int, int]:
+    """Partition -> committed offset stored in the sink."""
+    with sqlite3.connect(db) as conn:
+        return {
+            p: c for p, c in conn.execute('SELECT "partition", committed FROM htmqc_positions')
+        }
+
+
+def test_at_least_once_across_sigkill_loses_nothing(
+    nats_server: NatsServer,
+    client: NatsClient,
+    topic_name: Callable[[], str],
+    tmp_path: Path,
+) -> None:
+    topic, n, group = topic_name(), 8000, "g-alo"
+    produce(nats_server.url, topic, n, partitions=4, client=client)
+    out1, out2 = tmp_path / "first.txt", tmp_path / "second.txt"
+    log1, log2 = tmp_path / "first.log", tmp_path / "second.log"
+    args = [f"{HANDLERS}:log_order", *nats("--group", group)]
+
+    def committed() -> int:
+        return sum(client.committed(group, topic, p) or 0 for p in range(4))
+
+    first = htmqc_run(nats_server.url, topic, *args, env={"HTMQC_TEST_OUT": str(out1)}, log=log1)
+    try:
+        wait_for(lambda: committed() >= 1500, 60, "the first commits")
+    finally:
+        kill(first)
+    second = htmqc_run(
+        nats_server.url, topic, *args, "--idle-exit", "2",
+        env={"HTMQC_TEST_OUT": str(out2)}, log=log2,
+    )  # fmt: skip
+    assert finish(second, 90) == 0, log2.read_text()[-2000:]
+    # The killed member's lease outlives it (up to LEASE_SECONDS): the successor waits.
+    assert "waiting as a standby" in log2.read_text()
+
+    def ids_of(path: Path) -> list[int]:
+        return [int(line.split()[2]) for line in path.read_text().splitlines()]
+
+    ids1, ids2 = ids_of(out1), ids_of(out2)
+    assert len(set(ids1)) == len(ids1) and len(set(ids2)) == len(ids2)
+    assert set(ids1) | set(ids2) == set(range(n)), "lost messages"
+    starts = assigned_starts(log2, topic)
+    assert sorted(starts) == [0, 1, 2, 3]
+    resumed_at = sum(starts.values())
+    assert 1500 <= resumed_at < n
+    assert len(ids2) == n - resumed_at, "the successor did not start at the committed offsets"
+    window = len(ids1) - resumed_at  # finished by the killed process, not committed
+    assert len(set(ids1) & set(ids2)) == window, "a message ran twice outside the window"
+    assert committed() == n
+
+
+def test_exactly_once_into_sqlite_across_sigkill(
+    nats_server: NatsServer,
+    client: NatsClient,
+    topic_name: Callable[[], str],
+    tmp_path: Path,
+) -> None:
+    topic, n = topic_name(), 8000
+    produce(nats_server.url, topic, n, partitions=4, client=client)
+    db, log = tmp_path / "eo.db", tmp_path / "run.log"
+    args = [
+        f"{HANDLERS}:slow_record",
+        *nats(*exactly_once_args(db, "g-eo", "--txn-messages", "300")),
+    ]
+    first = htmqc_run(nats_server.url, topic, *args, log=log)
+    try:
+        wait_for(lambda: stored(db) >= 1500, 60, "the first transactions")
+    finally:
+        first.send_signal(signal.SIGKILL)  # mid-batch: a transaction is open
+        first.wait(10)
+    at_kill = positions(db)
+    assert sum(at_kill.values()) < n
+    assert len(effect_ids(db)) == sum(at_kill.values()), "effects and positions disagree"
+    second_log = tmp_path / "second.log"
+    second = htmqc_run(nats_server.url, topic, *args, "--idle-exit", "2", log=second_log)
+    assert finish(second, 90) == 0, second_log.read_text()[-2000:]
+    starts = assigned_starts(second_log, topic)
+    assert starts == {p: at_kill.get(p, 0) for p in range(4)}, "did not resume at the sink"
+    ids = effect_ids(db)
+    assert len(ids) == n, "lost or duplicated effects"
+    assert sorted(ids) == list(range(n))
+    assert stored(db) == n
+
+
+def test_deleted_and_purged_messages_are_gaps(
+    nats_server: NatsServer,
+    client: NatsClient,
+    topic_name: Callable[[], str],
+    tmp_path: Path,
+) -> None:
+    topic, n = topic_name(), 3000
+    produce(nats_server.url, topic, n, partitions=2, client=client)
+    # Message i is on partition i % 2 at offset i // 2.
+    deleted = {(0, 5), (0, 6), (0, 700), (1, 1499), (1, 300)}
+    for p, offset in deleted:
+        client.delete_message(topic, p, offset)
+    client.call(client.js.purge_stream(stream_name(topic, 1), seq=101))  # offsets 0..99 gone
+    gone = {2 * o + p for p, o in deleted} | {2 * o + 1 for o in range(100)}
+    db, log = tmp_path / "gaps.db", tmp_path / "run.log"
+    proc = htmqc_run(
+        nats_server.url, topic, "examples.effects:record",
+        *nats(*exactly_once_args(db, "g-gaps", "--idle-exit", "2")), log=log,
+    )  # fmt: skip
+    assert finish(proc, 60) == 0, log.read_text()[-2000:]
+    ids = effect_ids(db)
+    assert len(ids) == len(set(ids)), "duplicated effects"
+    assert set(ids) == set(range(n)) - gone
+    assert positions(db) == {p: client.watermarks(topic, p)[1] for p in range(2)}, (
+        "the positions did not pass the gaps to the log end"
+    )
+
+
+def test_at_least_once_dead_letters_go_to_a_nats_subject(
+    nats_server: NatsServer,
+    client: NatsClient,
+    topic_name: Callable[[], str],
+    tmp_path: Path,
+) -> None:
+    topic = topic_name()
+    produce(nats_server.url, topic, 50, partitions=2, client=client)
+    log = tmp_path / "run.log"
+    proc = htmqc_run(
+        nats_server.url, topic, f"{HANDLERS}:poison_five",
+        *nats("--group", "g-dlq", "--max-retries", "0", "--idle-exit", "2"), log=log,
+    )  # fmt: skip
+    assert finish(proc, 60) == 0, log.read_text()[-2000:]
+    assert sum(client.committed("g-dlq", topic, p) or 0 for p in range(2)) == 50
+
+    async def dead_letters() -> list[tuple[bytes, dict[str, str]]]:
+        sub = await client.js.pull_subscribe(f"{topic}.dlq", stream=f"{topic}-dlq")
+        msgs = await sub.fetch(10, timeout=2)
+        await sub.unsubscribe()
+        return [(m.data, dict(m.headers or {})) for m in msgs]
+
+    letters = client.call(dead_letters())
+    assert len(letters) == 1
+    value, headers = letters[0]
+    assert value.startswith(b"000000000005")
+    assert headers["Htmqc-Key"] == "k5"
+    assert headers["htmqc-dlq-source"] == f"{topic}/1/2"
+    assert headers["htmqc-dlq-error-class"].endswith("ValueError")
