@@ -4,8 +4,10 @@ Spark's own Kafka connector (``format("kafka")``, fetched by ``make setup``)
 reads the topic with ``read_committed``; :class:`htmqc.spark.sinks.SqlBatchSink`
 stores each micro-batch once, from the executors, in one transaction per
 batch, so a crash and a restart on the same checkpoint store every record once.
-``failOnDataLoss`` stays ``true``: records deleted or a topic recreated under
-the checkpoint stop the query instead of being skipped.
+``failOnDataLoss`` stays ``true`` (records deleted under the checkpoint stop
+the query), and :class:`htmqc.spark.topic_guard.TopicGuard` stops it when the
+topic was deleted and recreated, which Spark's connector alone would not
+notice (it goes on at the old offsets, skipping the new topic's records).
 
 Each row is the record's ``id`` (the first 12 bytes of its value, as
 ``htmqc produce`` writes it, so ``htmqc audit`` can check the table), ``key``,
@@ -35,6 +37,7 @@ from typing import Any
 from htmqc.errors import UsageError
 from htmqc.spark.session import require_connector, spark_session
 from htmqc.spark.sinks import SqlBatchSink
+from htmqc.spark.topic_guard import TopicGuard
 
 COLUMNS = (
     "cast(substring(value, 1, 12) AS string) AS id",
@@ -95,7 +98,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Start the query; return when it has read everything (``--once``) or on Ctrl-C."""
-    sink = sink_for(args.sink, args.table, args.latest_per_key)
+    sink: Any = sink_for(args.sink, args.table, args.latest_per_key)
+    if args.source == "kafka":  # htmqc-kafka compares topic ids itself
+        sink = TopicGuard(sink, args.bootstrap, [args.topic])
     with spark_session(args.master, app=f"htmqc-example-{args.table}") as spark:
         writer = (
             rows(spark, args.source, args.bootstrap, args.topic, args.max_offsets_per_trigger)
