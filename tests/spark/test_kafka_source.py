@@ -418,6 +418,13 @@ def test_batch_read_by_offsets_and_timestamps_with_headers(
     late = read(startingTimestamp=str(middle), startingOffsetsByTimestampStrategy="latest")
     assert sorted(r.id for r in late) == [p.id for p in produced_ids(40, 40)]
     assert {r.timestampType for r in late} == {0}  # CreateTime, as Spark numbers it
+    per_partition = f'{{"{topic}": {{"0": {middle}, "1": {middle}}}}}'
+    assert sorted(r.id for r in read(startingOffsetsByTimestamp=per_partition)) == sorted(
+        r.id for r in late
+    )
+    far = f'{{"{topic}": {{"0": {middle}, "1": {middle + 3_600_000}}}}}'  # nothing after it
+    with pytest.raises(Exception, match=rf"{topic}/1 has no record at or after"):
+        read(startingOffsetsByTimestamp=far)
     first = read(endingOffsets=f'{{"{topic}": {{"0": 5, "1": 5}}}}')
     assert sorted((r.partition, r.offset) for r in first) == [
         (p, o) for p in (0, 1) for o in range(5)
