@@ -124,7 +124,7 @@ bench: setup ## all benchmarks, the peers last, on Tansu and on Kafka (about 2 h
 bench-payments: setup ## the payments workload into PostgreSQL on Kafka: a hand-written loop vs htmqc per-message vs batch
 	HTMQC_CONTRACTS=0 $(PY) -m benchmarks.payments_bench --broker kafka
 
-bench-spark: setup ## Spark's kafka source vs htmqc-kafka vs a plain confluent-kafka loop, into noop (one run)
+bench-spark: setup ## Spark's kafka source vs htmqc-kafka vs a plain confluent-kafka loop, into noop and the exactly-once sinks (one run)
 	PYSPARK_PYTHON=$(abspath $(PY)) SPARK_LOCAL_IP=127.0.0.1 $(PY) -m benchmarks.spark_sources
 
 # The peers pin their own librdkafka (quixstreams wants confluent-kafka < 2.13), so they

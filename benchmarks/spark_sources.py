@@ -1,5 +1,6 @@
-"""Spark's ``kafka`` source and ``htmqc-kafka`` into Spark's ``noop`` sink, beside a
-plain confluent-kafka loop, over the same topic, in one run.
+"""Spark's ``kafka`` source and ``htmqc-kafka`` into Spark's ``noop`` sink and into
+htmqc's exactly-once sinks, beside a plain confluent-kafka loop, over the same
+topic, in one run.
 
 Starts one Apache Kafka node (``htmqc.kafka_cluster``), produces ``--count``
 100-byte records (``htmqc produce``'s format) on ``--partitions`` partitions
@@ -8,14 +9,18 @@ in committed transactions, then:
 - ``confluent-kafka loop``: one consumer, assign + consume until every record
   is read (read_committed), values touched, nothing else: the ceiling;
 - each source: one warm-up query on a small topic, then one
-  ``trigger(availableNow=True)`` query of the whole topic into ``noop``
+  ``trigger(availableNow=True)`` query of the whole topic per sink
   (read_committed for both), timed from ``start()`` to its end, so planning is
   included; ``plan_ms`` sums the progress reports' ``latestOffset`` and
-  ``planning`` durations.
+  ``planning`` durations. Sinks: ``noop`` (the raw rows), and the rows
+  ``id, key, value, partition, offset, timestamp`` into
+  ``SqlBatchSink`` (PostgreSQL, ``--postgres``) and ``ParquetBatchSink``; the
+  rows stored are counted afterwards and must equal ``--count``.
 
 Usage: ``python -m benchmarks.spark_sources [--count 200000] [--partitions 4]
+[--postgres postgresql://127.0.0.1:5432/test]
 [--out benchmarks/results/spark_sources.json]``. Needs ``make setup`` (Kafka's
-and Spark's connector jars).
+and Spark's connector jars) and PostgreSQL.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import time
 import uuid
 from pathlib import Path
@@ -57,10 +63,30 @@ def plain_loop(bootstrap: str, topic: str, partitions: int, count: int) -> float
     return seconds
 
 
+COLUMNS = (
+    "cast(substring(value, 1, 12) AS string) AS id",
+    "cast(key AS string) AS key",
+    "value",
+    "partition",
+    "offset",
+    "timestamp",
+)
+SINKS = ("noop", "postgresql", "parquet")
+
+
 def spark_query(
-    spark: Any, fmt: str, bootstrap: str, topic: str, checkpoint: Path
+    spark: Any,
+    fmt: str,
+    bootstrap: str,
+    topic: str,
+    work: Path,
+    sink: str = "noop",
+    postgres: str = "",
 ) -> dict[str, Any]:
-    """One availableNow query of ``topic`` through ``fmt`` into ``noop``."""
+    """One availableNow query of ``topic`` through ``fmt`` into ``sink``; the rows
+    it stored (``noop``: the rows read)."""
+    from htmqc.spark.sinks import ParquetBatchSink, SqlBatchSink
+
     frame = (
         spark.readStream.format(fmt)
         .option("kafka.bootstrap.servers", bootstrap)
@@ -69,10 +95,19 @@ def spark_query(
         .option("kafka.isolation.level", "read_committed")
         .load()
     )
+    name = f"{fmt}-{sink}-{uuid.uuid4().hex[:6]}"
+    table = "bench_" + name.replace("-", "_")
+    if sink == "noop":
+        writer = frame.writeStream.format("noop")
+    elif sink == "postgresql":
+        writer = frame.selectExpr(*COLUMNS).writeStream.foreachBatch(
+            SqlBatchSink(postgres, table, query=table)
+        )
+    else:
+        writer = frame.selectExpr(*COLUMNS).writeStream.foreachBatch(ParquetBatchSink(work / name))
     started = time.perf_counter()
     query = (
-        frame.writeStream.format("noop")
-        .option("checkpointLocation", str(checkpoint))
+        writer.option("checkpointLocation", str(work / f"ck-{name}"))
         .trigger(availableNow=True)
         .start()
     )
@@ -84,13 +119,25 @@ def spark_query(
         p["durationMs"].get("latestOffset", 0) + p["durationMs"].get("queryPlanning", 0)
         for p in progress
     )
-    return {"rows": rows, "seconds": round(seconds, 3), "plan_ms": plan}
+    if sink == "postgresql":
+        import psycopg
+
+        with psycopg.connect(postgres, autocommit=True) as conn:
+            stored = conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # type: ignore[index]
+            conn.execute(f"DROP TABLE {table}")
+    elif sink == "parquet":
+        stored = spark.read.parquet(str(work / name)).count()
+        shutil.rmtree(work / name)
+    else:
+        stored = rows
+    return {"rows": rows, "stored": stored, "seconds": round(seconds, 3), "plan_ms": plan}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=200_000)
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--postgres", default="postgresql://127.0.0.1:5432/test")
     parser.add_argument("--out", default="benchmarks/results/spark_sources.json")
     args = parser.parse_args()
 
@@ -108,14 +155,26 @@ def main() -> None:
         results["confluent-kafka loop"] = {"rows": args.count, "seconds": round(seconds, 3)}
         with spark_session("local[2]", app="htmqc-bench") as spark:
             for fmt in ("kafka", "htmqc-kafka"):
-                spark_query(spark, fmt, kafka.bootstrap, warm, work / f"warm-{fmt}")
-                results[fmt] = spark_query(spark, fmt, kafka.bootstrap, topic, work / fmt)
-    for name in ("confluent-kafka loop", "kafka", "htmqc-kafka"):
-        entry = results[name]
-        entry["rows_per_s"] = round(entry["rows"] / entry["seconds"])
-    results["htmqc-kafka / kafka"] = round(
-        results["htmqc-kafka"]["rows_per_s"] / results["kafka"]["rows_per_s"], 2
-    )
+                for sink in SINKS:  # warm-up: the JVM's classes, the Python workers
+                    spark_query(spark, fmt, kafka.bootstrap, warm, work, sink, args.postgres)
+            for sink in SINKS:
+                for fmt in ("kafka", "htmqc-kafka"):
+                    entry = spark_query(
+                        spark, fmt, kafka.bootstrap, topic, work, sink, args.postgres
+                    )
+                    if entry["stored"] != args.count:
+                        raise SystemExit(f"{fmt} into {sink} stored {entry['stored']} rows")
+                    entry["rows_per_s"] = round(entry["rows"] / entry["seconds"])
+                    results[f"{fmt} -> {sink}"] = entry
+    shutil.rmtree(work, ignore_errors=True)
+    loop = results["confluent-kafka loop"]
+    loop["rows_per_s"] = round(loop["rows"] / loop["seconds"])
+    for sink in SINKS:
+        ratio = (
+            results[f"htmqc-kafka -> {sink}"]["rows_per_s"]
+            / results[f"kafka -> {sink}"]["rows_per_s"]
+        )
+        results[f"htmqc-kafka / kafka -> {sink}"] = round(ratio, 2)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
 

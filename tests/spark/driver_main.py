@@ -1,7 +1,8 @@
 """A streaming driver in a process of its own, for the driver-kill test:
-``python -m tests.spark.driver_main MASTER BOOTSTRAP TOPIC TARGET TABLE CHECKPOINT [MARK]``
-reads TOPIC through ``htmqc-kafka`` (500 offsets per batch, ``availableNow``)
-into ``SqlBatchSink(TARGET, TABLE, query=TABLE)`` and exits when it is read.
+``python -m tests.spark.driver_main MASTER BOOTSTRAP TOPIC TARGET TABLE CHECKPOINT FORMAT [MARK]``
+reads TOPIC through FORMAT (``kafka``, Spark's connector, or ``htmqc-kafka``;
+read_committed, 500 offsets per batch, ``availableNow``) into
+``SqlBatchSink(TARGET, TABLE, query=TABLE)`` and exits when it is read.
 
 With ``MARK`` (a file path) it creates ``MARK`` once batch 1 is stored and then
 waits, so a kill lands after the sink's commit and before Spark's: the
@@ -20,7 +21,7 @@ from tests.spark.topics import ID_COLUMNS, reader
 
 
 def main(argv: list[str]) -> int:
-    master, bootstrap, topic, target, table, checkpoint, *mark = argv
+    master, bootstrap, topic, target, table, checkpoint, fmt, *mark = argv
     sink = SqlBatchSink(target, table, table)
 
     def store(df: Any, batch_id: int) -> None:
@@ -32,7 +33,8 @@ def main(argv: list[str]) -> int:
     with spark_session(
         master, app="htmqc-driver", spark__cores__max="2", spark__executor__memory="512m"
     ) as spark:
-        rows = reader(spark, bootstrap, topic, maxOffsetsPerTrigger="500").selectExpr(*ID_COLUMNS)
+        options = {"maxOffsetsPerTrigger": "500", "kafka.isolation.level": "read_committed"}
+        rows = reader(spark, bootstrap, topic, fmt, **options).selectExpr(*ID_COLUMNS)
         query = (
             rows.writeStream.foreachBatch(store)
             .option("checkpointLocation", checkpoint)

@@ -39,18 +39,21 @@ def cluster() -> Iterator[SparkCluster]:
 
 
 @pytest.mark.brokers("kafka")
+@pytest.mark.parametrize("fmt", ["kafka", "htmqc-kafka"])
 def test_driver_killed_mid_stream_then_restarted_stores_every_id_once(
-    cluster: SparkCluster, broker: Any, new_topic: Callable[..., str], tmp_path: Path
+    cluster: SparkCluster, broker: Any, new_topic: Callable[..., str], tmp_path: Path, fmt: str
 ) -> None:
     """Killed after the sink stored batch 1 and before Spark recorded it, so the
     restart replays batch 1. Runs before ``cluster_spark`` exists: this driver
     is the cluster's only app."""
+    if fmt == "kafka" and not connector_jars():
+        pytest.fail("Spark's Kafka connector is not fetched: run `make setup`")
     topic = new_topic(partitions=4)
     produce(broker.bootstrap, topic, 4000, keys=8, transactional=True)
     table = f"driver_{uuid.uuid4().hex[:8]}"
     sink = SqlBatchSink(postgres_url(), table, table)
     assert sink.last_batch() is None  # creates the batch table now, not racing the driver
-    args = [cluster.url, broker.bootstrap, topic, postgres_url(), table, str(tmp_path / "ck")]
+    args = [cluster.url, broker.bootstrap, topic, postgres_url(), table, str(tmp_path / "ck"), fmt]
     command = [sys.executable, "-m", "tests.spark.driver_main", *args]
     mark = tmp_path / "batch-1-stored"
     with (tmp_path / "driver.log").open("wb") as log:

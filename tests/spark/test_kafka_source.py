@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -154,6 +155,12 @@ def test_a_fresh_checkpoint_on_a_used_sink_fails_instead_of_skipping(
         spark, broker.bootstrap, topic, tmp_path / "ck3", SqlBatchSink(db, "t", "q", adopt=True)
     )
     assert len(sqlite_ids(db)) == 600  # adopted: ck3's batch 0 is its own, all 300 again
+    first = parquet_effects(spark, parquet)
+    adopting = ParquetBatchSink(parquet, adopt=True)
+    run_query(spark, broker.bootstrap, topic, tmp_path / "ck4", adopting, **small)
+    stored = parquet_effects(spark, parquet)
+    assert stored[:300] == first  # the old query's batches untouched, the new ones after them
+    assert sorted(e.id for e in stored[300:]) == [p.id for p in produced_ids(300)]
 
 
 @pytest.mark.brokers("kafka")
@@ -180,6 +187,33 @@ def test_recreated_topic_is_data_loss(
     assert sorted(sqlite_ids(db)) == [p.id for p in produced_ids(600) + produced_ids(900, 1000)]
     ends = [p["sources"][0]["endOffset"] for p in query.recentProgress]
     assert any('"@lost":{"offsets":0,"events":1}' in e.replace(" ", "") for e in ends), ends
+
+
+@pytest.mark.brokers("kafka")
+def test_a_deleted_topic_is_data_loss(
+    spark: Any, broker: Any, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """Deleted and not recreated: every partition the checkpoint holds is gone."""
+    from confluent_kafka.admin import AdminClient
+
+    topic = new_topic(partitions=2)
+    produce(broker.bootstrap, topic, 200, keys=4)
+    db = tmp_path / "out.db"
+    sink = SqlBatchSink(db, "t", "q")
+    run_query(spark, broker.bootstrap, topic, tmp_path / "ck", sink)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.delete_topics([topic])[topic].result()
+    deadline = time.monotonic() + 30
+    while topic in admin.list_topics(timeout=10).topics:  # deletion is asynchronous
+        assert time.monotonic() < deadline, f"{topic} still listed after 30 s"
+        time.sleep(0.3)
+    with pytest.raises(
+        StreamingQueryException, match=rf"data loss: {topic}/0 gone: .*{topic}/1 gone"
+    ):
+        run_query(spark, broker.bootstrap, topic, tmp_path / "ck", sink)
+    query = run_query(spark, broker.bootstrap, topic, tmp_path / "ck", sink, failOnDataLoss="false")
+    assert query.exception() is None
+    assert len(sqlite_ids(db)) == 200
 
 
 def _recreate(admin: Any, topic: str, partitions: int) -> None:
@@ -289,6 +323,56 @@ def test_spark_connector_and_htmqc_kafka_read_the_same_rows(
 
 
 @pytest.mark.brokers("kafka")
+def test_subscribe_pattern_picks_up_new_topics_and_assign_reads_only_its_partitions(
+    spark: Any, broker: Any, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """subscribePattern, assign and includeHeaders in a stream, on a broker."""
+    prefix = f"pat-{uuid.uuid4().hex[:6]}"
+    first = new_topic(partitions=2, prefix=prefix)
+    produce(broker.bootstrap, first, 60, keys=8)
+    new_topic(partitions=1, prefix=f"other-{prefix}")  # does not match: never read
+
+    def stream(checkpoint: str, **options: str) -> list[Any]:
+        frame = spark.readStream.format("htmqc-kafka").option(
+            "kafka.bootstrap.servers", broker.bootstrap
+        )
+        for name, value in {"startingOffsets": "earliest", **options}.items():
+            frame = frame.option(name, value)
+        rows: list[Any] = []
+        headers = options.get("includeHeaders") == "true"
+        query = (
+            frame.load()
+            .selectExpr("topic", "partition", "offset", *(["headers"] if headers else []))
+            .writeStream.foreachBatch(lambda df, _: rows.extend(df.collect()))
+            .option("checkpointLocation", str(tmp_path / checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(120)
+        query.stop()
+        assert query.exception() is None
+        return rows
+
+    pattern = {"subscribePattern": f"{prefix}-.*", "includeHeaders": "true"}
+    before = stream("pattern", **pattern)
+    assert len(before) == 60 and {r.topic for r in before} == {first}
+    assert all(r.headers[0].key == "htmqc-id" for r in before)
+    second = new_topic(partitions=1, prefix=prefix)  # created mid-stream, matches
+    produce(broker.bootstrap, second, 25, keys=8)
+    produce(broker.bootstrap, first, 15, keys=8, start_id=60)
+    after = stream("pattern", **pattern)
+    assert sorted(r.offset for r in after if r.topic == second) == list(range(25))
+    assert len(after) == 40  # the first topic goes on where it stopped
+    of_first = {(r.partition, r.offset) for r in before + after if r.topic == first}
+    assigned = stream("assign", assign=f'{{"{first}": [1]}}')
+    assert {r.topic for r in assigned} == {first}
+    assert sorted((r.partition, r.offset) for r in assigned) == sorted(
+        (part, offset) for part, offset in of_first if part == 1
+    )
+    assert assigned and len(assigned) < 75
+
+
+@pytest.mark.brokers("kafka")
 def test_planning_does_not_grow_a_second_per_partition(
     spark: Any, broker: Any, new_topic: Callable[..., str], tmp_path: Path
 ) -> None:
@@ -334,6 +418,13 @@ def test_batch_read_by_offsets_and_timestamps_with_headers(
     late = read(startingTimestamp=str(middle), startingOffsetsByTimestampStrategy="latest")
     assert sorted(r.id for r in late) == [p.id for p in produced_ids(40, 40)]
     assert {r.timestampType for r in late} == {0}  # CreateTime, as Spark numbers it
+    per_partition = f'{{"{topic}": {{"0": {middle}, "1": {middle}}}}}'
+    assert sorted(r.id for r in read(startingOffsetsByTimestamp=per_partition)) == sorted(
+        r.id for r in late
+    )
+    far = f'{{"{topic}": {{"0": {middle}, "1": {middle + 3_600_000}}}}}'  # nothing after it
+    with pytest.raises(Exception, match=rf"{topic}/1 has no record at or after"):
+        read(startingOffsetsByTimestamp=far)
     first = read(endingOffsets=f'{{"{topic}": {{"0": 5, "1": 5}}}}')
     assert sorted((r.partition, r.offset) for r in first) == [
         (p, o) for p in (0, 1) for o in range(5)

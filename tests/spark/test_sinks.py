@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from htmqc.spark.sinks import ParquetBatchSink, SqlBatchSink
+from htmqc.spark.sinks import BindingError, ParquetBatchSink, SqlBatchSink
 from tests.services import postgres_url
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
@@ -157,3 +158,27 @@ def test_parquet_sink_removes_what_a_killed_batch_left(spark: Any, tmp_path: Pat
         "batch=0",
         "batch=1",
     ]
+
+
+def test_parquet_sink_adopts_another_querys_directory_only_when_asked(
+    spark: Any, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    old = spark.createDataFrame([(1,), (2,)], "id LONG")
+    ParquetBatchSink(out)(old, 0)
+    ParquetBatchSink(out)(old, 1)
+    (out / "_htmqc_query.json").write_text(
+        json.dumps({"query_id": "q-old", "checkpoint": "/ck/old"})
+    )  # as another query's run leaves it; this one is "direct"
+    with pytest.raises(BindingError, match=r"of query q-old \(checkpoint /ck/old\), not of"):
+        ParquetBatchSink(out)(old, 0)
+    sink = ParquetBatchSink(out, adopt=True)
+    new = spark.createDataFrame([(3,)], "id LONG")
+    sink(new, 0)
+    sink(new, 0)  # a replay of the adopting query's batch 0: stored, skipped
+    sink(spark.createDataFrame([(4,)], "id LONG"), 1)
+    ParquetBatchSink(out)(new, 1)  # adopted: the plain sink is this query's now
+    binding = json.loads((out / "_htmqc_query.json").read_text())
+    assert (binding["base"], binding["adopted_from"]["query_id"]) == (2, "q-old")
+    stored = spark.read.parquet(str(out)).orderBy("batch", "id").collect()
+    assert [(r.batch, r.id) for r in stored] == [(0, 1), (0, 2), (1, 1), (1, 2), (2, 3), (3, 4)]

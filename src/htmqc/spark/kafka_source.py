@@ -4,8 +4,9 @@ confluent-kafka, with the options and columns of Spark's own Kafka connector.
 When to use it rather than ``format("kafka")`` (``spark-sql-kafka-0-10``,
 which :func:`htmqc.spark.session.build_session` puts on the classpath after
 ``make setup``): on a machine without the connector's jars, or to read with
-``read_committed`` by default and htmqc's gap accounting (below). Spark's
-connector is faster; see the README's Spark section for figures.
+``read_committed`` by default and htmqc's gap accounting (below). In the
+README's one comparison run (Spark section, Figures) the two read at about
+the same rate; Spark's connector is the older, more widely used code.
 
 Options: :mod:`htmqc.spark.kafka_options` (checked at ``load()``). Offsets and
 data loss: :mod:`htmqc.spark.kafka_offsets` (``failOnDataLoss``).

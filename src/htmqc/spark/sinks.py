@@ -29,18 +29,26 @@ ids.
   temporary directory renamed into place (atomic on one filesystem); an
   existing ``batch=<id>`` means the batch is stored. ``DIR/_htmqc_query.json``
   binds the directory to its query; temporary directories a killed batch left
-  are removed before the next batch writes.
+  are removed before the next batch writes. ``adopt=True`` stores a new
+  query's batches after the ones already there (``batch=<base + n>``).
+
+``query.stop()`` during a batch's Spark job: both sinks raise the interruption
+as :class:`BatchInterrupted`, which Spark takes for a stop (PySpark's own error
+made Spark's stream thread die of a ``StackOverflowError``); :func:`stoppable`
+does the same for a ``foreachBatch`` function of your own.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import logging
 import os
 import shutil
 import sqlite3
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +61,7 @@ BATCHES_TABLE = "htmqc_spark_batches"
 SEQ_COLUMN = "_htmqc_seq"
 _TOKEN, _QUERY, _PART, _ROW = "_htmqc_token", "_htmqc_query", "_htmqc_part", "_htmqc_row"
 _BINDING_FILE = "_htmqc_query.json"
+log = logging.getLogger("htmqc.spark.sinks")
 
 
 @dataclass(frozen=True)
@@ -98,6 +107,78 @@ class BindingError(RuntimeError):
             f"{where} holds the batches of {owner.describe()}, not of this "
             f"{me.describe()}: its batch ids would be skipped as stored; {fix}"
         )
+
+
+_INTERRUPTIONS = (
+    "java.lang.InterruptedException",
+    "java.io.InterruptedIOException",
+    "java.nio.channels.ClosedByInterruptException",
+)
+_SPARK_PROXY_ERROR = "py4j.protocol.Py4JJavaError: An error occurred while calling"
+
+
+class BatchInterrupted(RuntimeError):
+    """A batch's Spark job was interrupted or cancelled: the query is stopping.
+
+    ``query.stop()`` interrupts the job a ``foreachBatch`` function is waiting
+    for, and PySpark raises a ``Py4JJavaError`` whose text holds the JVM's
+    stack trace (about 6 KB). Spark then decides whether the query failed or
+    was stopped by matching the Python traceback against a regular expression
+    (``StreamExecution.PROXY_ERROR``, ``...((.|\\r\\n|\\r|\\n)*)(...Interrupted...)``)
+    that recurses once per character: over that traceback it overflows the
+    stream thread's stack, which dies with a ``StackOverflowError`` from
+    ``java.util.regex`` (issue 21). This exception's message is one line that
+    ends the way that expression wants, so Spark sees a stop, in a few frames.
+    Nothing of the batch is stored; a restart replays it.
+    """
+
+    def __init__(self, batch_id: int, java: str) -> None:
+        super().__init__(
+            f"htmqc: batch {batch_id} stopped: its Spark job was interrupted ({java[:120]}); "
+            f"{_SPARK_PROXY_ERROR} the batch: java.lang.InterruptedException"
+        )
+
+
+def _interruption(exc: BaseException) -> str | None:
+    """The Java exception's first line if ``exc`` is a ``Py4JJavaError`` for an
+    interrupted or cancelled job, else ``None``."""
+    if type(exc).__name__ != "Py4JJavaError":
+        return None
+    text = str(exc)
+    head = text.split("\n", 2)[1].lstrip(": ") if text.count("\n") >= 1 else text
+    if head.startswith(_INTERRUPTIONS) or (
+        head.startswith("org.apache.spark.SparkException") and "cancelled" in head
+    ):
+        return head
+    return None
+
+
+@contextmanager
+def interruption_as_stop(batch_id: int) -> Iterator[None]:
+    """Around a ``foreachBatch`` function's Spark actions: an interrupted or
+    cancelled job is raised as :class:`BatchInterrupted` (see there), any other
+    error as it is."""
+    try:
+        yield
+    except Exception as exc:
+        java = _interruption(exc)
+        if java is None:
+            raise
+        raise BatchInterrupted(batch_id, java) from None
+
+
+def stoppable(func: Callable[[Any, int], None]) -> Callable[[Any, int], None]:
+    """Wrap a ``foreachBatch`` function of your own (one that runs Spark jobs)
+    so that ``query.stop()`` during one of its jobs stops the query cleanly,
+    without Spark's ``StackOverflowError`` (:class:`BatchInterrupted`). The
+    sinks here do this themselves."""
+
+    @functools.wraps(func)
+    def wrapped(df: Any, batch_id: int) -> None:
+        with interruption_as_stop(batch_id):
+            func(df, batch_id)
+
+    return wrapped
 
 
 def _quote(name: str) -> str:
@@ -287,7 +368,8 @@ class SqlBatchSink:
         token = uuid.uuid4().hex
         writer = _StageWriter(self.target, self.postgres, stage, columns, token, self.query)
         try:
-            df.foreachPartition(writer)
+            with interruption_as_stop(batch_id):
+                df.foreachPartition(writer)
             self._finish(batch_id, me, stage, [n for n, _, _ in columns], token)
         finally:
             writer.discard()
@@ -304,9 +386,15 @@ class SqlBatchSink:
                     "VALUES (%s, -1, %s, %s) ON CONFLICT DO NOTHING",
                     (self.query, me.query_id, me.checkpoint),
                 )
-            decision = self._decide(self._record(cur, lock=True), me, batch_id)
+            record = self._record(cur, lock=True)
+            decision = self._decide(record, me, batch_id)
             if decision == "skip":  # another attempt of this batch got here first
                 return
+            if decision == "adopt" and record is not None:
+                log.warning(
+                    "SqlBatchSink: %s adopts batch record %r (at batch %d) from %s",
+                    me.describe(), self.query, record[0], record[1].describe(),
+                )  # fmt: skip
             self._move(cur, stage, names, token)
             cur.execute(
                 f"INSERT INTO {BATCHES_TABLE} (query, batch_id, query_id, checkpoint) "
@@ -442,48 +530,88 @@ class _StageWriter:
 
 
 class ParquetBatchSink:
-    """``foreachBatch`` callable writing batch ``n`` to ``directory/batch=n`` once."""
+    """``foreachBatch`` callable writing batch ``n`` to ``directory/batch=n`` once.
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    ``adopt``: take over a directory another query wrote (a fresh checkpoint on
+    a used directory). Its batches are then stored after the ones already there,
+    as ``batch=<base + n>`` with ``base`` one past the highest stored batch, so
+    nothing of the old query is overwritten or skipped and ``batch`` order stays
+    storage order (the audit's order). ``base`` is kept in the binding file, so
+    the adopting query's replays land on the same directories.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], *, adopt: bool = False) -> None:
         self.directory = Path(directory)
+        self.adopt = adopt
 
-    def batch_dir(self, batch_id: int) -> Path:
-        return self.directory / f"batch={batch_id}"
+    def batch_dir(self, batch_id: int, base: int = 0) -> Path:
+        """Where batch ``batch_id`` of a query bound with ``base`` is stored."""
+        return self.directory / f"batch={base + batch_id}"
 
-    def _bind(self, me: QueryIdentity) -> None:
-        """Claim the directory for ``me``, or fail if another query holds it."""
+    def _stored(self) -> list[int]:
+        """The batch numbers of the ``batch=N`` directories there now."""
+        out = []
+        for path in self.directory.glob("batch=*"):
+            number = path.name.removeprefix("batch=")
+            if number.isdigit():
+                out.append(int(number))
+        return out
+
+    def _bind(self, me: QueryIdentity) -> int:
+        """Claim the directory for ``me`` (or fail if another query holds it and
+        ``adopt`` is off); the base added to ``me``'s batch ids."""
         binding = self.directory / _BINDING_FILE
         owner: QueryIdentity | None = None
+        base = 0
+        previous: dict[str, Any] = {}
         if binding.exists():
-            data = json.loads(binding.read_text())
-            owner = QueryIdentity(data.get("query_id", "unknown"), data.get("checkpoint", ""))
-        elif any(self.directory.glob("batch=*")):
+            previous = json.loads(binding.read_text())
+            owner = QueryIdentity(
+                previous.get("query_id", "unknown"), previous.get("checkpoint", "")
+            )
+            base = int(previous.get("base", 0))
+        elif self._stored():
             owner = QueryIdentity("unknown", "")  # written before batches were bound
+        if owner is not None and owner.query_id == me.query_id:
+            return base
         if owner is not None:
-            if owner.query_id != me.query_id:
+            if not self.adopt:
                 raise BindingError(
                     f"Parquet directory {self.directory}",
                     owner,
                     me,
-                    "write to a new directory, or restart from that checkpoint",
+                    "write to a new directory, restart from that checkpoint, "
+                    "or pass adopt=True to store this query's batches after its batches",
                 )
-            return
+            base = max(self._stored(), default=-1) + 1
+            log.warning(
+                "ParquetBatchSink: %s adopts %s from %s; its batch 0 is batch=%d",
+                me.describe(), self.directory, owner.describe(), base,
+            )  # fmt: skip
+        record = {"query_id": me.query_id, "checkpoint": me.checkpoint, "base": base}
+        if owner is not None:
+            record["adopted_from"] = {"query_id": owner.query_id, "checkpoint": owner.checkpoint}
         temp = binding.with_name(f"{_BINDING_FILE}.{uuid.uuid4().hex}")
-        temp.write_text(json.dumps({"query_id": me.query_id, "checkpoint": me.checkpoint}))
-        os.rename(temp, binding)
+        temp.write_text(json.dumps(record))
+        os.rename(temp, binding)  # atomic: a crash leaves the old binding or the new one
+        return base
 
     def __call__(self, df: Any, batch_id: int) -> None:
+        """Store ``df`` as batch ``batch_id`` unless it is already stored."""
         me = query_identity(df)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._bind(me)
+        base = self._bind(me)
         for stale in self.directory.glob("_tmp-batch=*"):  # a killed batch's leftovers
             shutil.rmtree(stale, ignore_errors=True)
-        final = self.batch_dir(batch_id)
+        for stale in self.directory.glob(f"{_BINDING_FILE}.*"):
+            stale.unlink(missing_ok=True)
+        final = self.batch_dir(batch_id, base)
         if final.exists():
             return  # stored by an earlier attempt of this batch
-        temp = self.directory / f"_tmp-batch={batch_id}-{uuid.uuid4().hex}"
+        temp = self.directory / f"_tmp-batch={base + batch_id}-{uuid.uuid4().hex}"
         try:
-            df.write.parquet(str(temp))
+            with interruption_as_stop(batch_id):
+                df.write.parquet(str(temp))
             os.rename(temp, final)  # atomic; fails if another attempt got there first
         except OSError:
             if not final.exists():
