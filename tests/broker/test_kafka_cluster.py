@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer
@@ -36,6 +37,7 @@ from htmqc.kafka_cluster import (
 )
 from htmqc.kafka_defaults import consumer_config, producer_config
 from htmqc.kafka_requests import GROUP_KEY, find_coordinator
+from tests.runtime.test_run_broker import wait_for
 from tests.services import missing
 
 pytestmark = pytest.mark.broker
@@ -170,7 +172,13 @@ def test_three_node_cluster_replicates_and_survives_faults(kafka3_broker: KafkaC
     topic = f"replicated-{uuid.uuid4().hex[:6]}"
     create_topic(cluster.bootstrap, topic, 1)
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
-    [partition] = admin.list_topics(topic, timeout=10).topics[topic].partitions.values()
+
+    def partitions() -> list[Any]:
+        # The node asked may not have the new topic's metadata yet (a loaded box).
+        return list(admin.list_topics(topic, timeout=10).topics[topic].partitions.values())
+
+    wait_for(lambda: len(partitions()) == 1, 30, f"{topic}'s metadata on every node")
+    [partition] = partitions()
     assert sorted(partition.replicas) == [1, 2, 3]  # the broker default: RF 3
     round_trip(cluster.bootstrap, topic)
     assert cluster.transaction_coordinator("t", timeout=30) in (1, 2, 3)
