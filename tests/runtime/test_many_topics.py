@@ -10,13 +10,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confluent_kafka import TopicPartition as KafkaTP
 
 from htmqc import Consumer, Permanent
 from htmqc.broker import Broker
 from htmqc.errors import UsageError
 from htmqc.produce import parse_id, produce
 from htmqc.runtime.handlers import HandlerMisuse, by_topic
+from htmqc.runtime.loop import Engine
+from htmqc.runtime.options import RunOptions
 from htmqc.runtime.subscription import Subscription
+from htmqc.testing import FakeConsumer, make_logs
 from tests.broker.readback import read_all
 from tests.runtime.test_modes_broker import group_committed
 
@@ -192,3 +196,30 @@ def test_exactly_once_over_two_topics_into_sqlite(
         positions = dict(conn.execute(
             "SELECT topic, SUM(committed) FROM htmqc_positions GROUP BY topic"))
     assert positions == {a: 120, b: 90}
+
+
+class Unassigns:
+    """A consumer that records ``incremental_unassign`` (the rebalance callbacks' part)."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[Any]] = []
+
+    def incremental_unassign(self, partitions: list[Any]) -> None:
+        self.calls.append(partitions)
+
+
+@pytest.mark.parametrize("callback", ["on_revoke", "on_lost"])
+def test_moving_only_unread_partitions_is_not_a_revoke(
+    callback: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pattern's own-topic partitions are never read: the group moving only them
+    must not wait for running work, commit early or roll a transaction back."""
+    engine = Engine(lambda msg: None, RunOptions(bootstrap="fake:1", topic="^t-.*", group="g"),
+                    FakeConsumer.from_logs(make_logs("t-a", 1, 1, keys=1)))
+    handled: list[list[Any]] = []
+    monkeypatch.setattr(engine.ownership, callback, lambda consumer, parts: handled.append(parts))
+    consumer = Unassigns()
+    getattr(engine, callback)(consumer, [KafkaTP("t-a.dlq", 0), KafkaTP("t-a.retry", 0)])
+    assert handled == [] and consumer.calls == [[]]
+    getattr(engine, callback)(consumer, [KafkaTP("t-a.dlq", 0), KafkaTP("t-a", 0)])
+    assert [[(p.topic, p.partition) for p in parts] for parts in handled] == [[("t-a", 0)]]

@@ -63,6 +63,7 @@ keeps the longest prefix of runs that fits.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import pairwise
 
 import icontract
 
@@ -120,6 +121,11 @@ def _fits_after(tracker: PartitionTracker, offsets: Sequence[int], limit: int, k
 @icontract.require(
     lambda tracker, offsets: all(o >= tracker.next for o in offsets[:1]),
     "the batch starts at or after the tracker's next",
+    enabled=ENABLED,
+)
+@icontract.require(
+    lambda offsets: all(a < b for a, b in pairwise(offsets)),
+    "the batch's offsets are strictly increasing (as a fetch's are)",
     enabled=ENABLED,
 )
 @icontract.ensure(lambda offsets, result: 0 <= result <= len(offsets), enabled=ENABLED)

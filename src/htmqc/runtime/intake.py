@@ -38,7 +38,7 @@ from htmqc.core.decisions import TopicPartition
 from htmqc.core.gate import GateState
 from htmqc.core.metadata_budget import admissible
 from htmqc.errors import RuntimeFailure
-from htmqc.runtime.options import EXACTLY_ONCE, RunOptions
+from htmqc.runtime.options import EXACTLY_ONCE, KAFKA, RunOptions
 from htmqc.runtime.retry_topic import retry_after_ms
 
 if TYPE_CHECKING:
@@ -75,6 +75,8 @@ def metadata_budget(engine: Engine) -> tuple[int, int | None] | None:
     refused, and the delivery truncates it, :func:`~htmqc.core.metadata_budget.fitting_prefix`)."""
     options = engine.options
     limit = options.commit_metadata_bytes
+    if options.source != KAFKA:
+        return None  # NATS keeps its positions in a KV bucket: no metadata limit
     if options.mode == EXACTLY_ONCE:
         sink = engine.sink
         if sink is None or not sink.writes_kafka:

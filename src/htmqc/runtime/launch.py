@@ -22,7 +22,7 @@ from htmqc.logs import LIBRDKAFKA_LOGGER, flush_repeats, limit_repeats
 from htmqc.runtime.decode import wants_decoding
 from htmqc.runtime.handlers import check_handler
 from htmqc.runtime.loop import Engine
-from htmqc.runtime.options import EXACTLY_ONCE, RunOptions
+from htmqc.runtime.options import EXACTLY_ONCE, NATS, RunOptions
 from htmqc.runtime.retry_topic import retry_topic
 from htmqc.runtime.subscription import Subscription
 
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("htmqc.runtime")
 
 #: ``--source nats`` (:data:`htmqc.runtime.options.SOURCES`).
-NATS = "nats"
 
 
 def load_handler(spec: str) -> Callable[..., Any]:

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -69,7 +70,7 @@ from htmqc.runtime.failures_io import Failures, MessageTooLarge, check_size
 from htmqc.runtime.handlers import EventLoopThread, check_handler, is_async, synchronous
 from htmqc.runtime.intake import Intake
 from htmqc.runtime.lanes import Done, Lease
-from htmqc.runtime.options import EXACTLY_ONCE, RunOptions
+from htmqc.runtime.options import EXACTLY_ONCE, KAFKA, RunOptions
 from htmqc.runtime.ownership import Ownership
 from htmqc.runtime.retry_topic import retry_topic
 from htmqc.runtime.stats import Stats
@@ -229,14 +230,18 @@ class Engine:
                 consumer, _no_producer, options.commit_metadata_bytes, metrics=metrics
             )
             # Lag tools read the group's offsets: copy the stored watermarks there,
-            # unless the sink's transactions commit them already (Kafka->Kafka).
-            lag = options.kafka_lag_commits and not sink.commits_group_offsets
+            # unless the sink's transactions commit them already (Kafka->Kafka), or
+            # the source is not Kafka (NATS: no group offsets that lag tools read).
+            lag = (options.kafka_lag_commits and options.source == KAFKA
+                   and not sink.commits_group_offsets)
             self.eo = ExactlyOnce(
                 self, worker, options.txn_ms / 1000.0, lag=self.alo if lag else None
             )
         else:
             self.alo = AtLeastOnce(
-                consumer, producer_factory or _no_producer, options.commit_metadata_bytes,
+                consumer, producer_factory or _no_producer,
+                # NATS keeps positions in a KV bucket, which has no metadata limit
+                options.commit_metadata_bytes if options.source == KAFKA else sys.maxsize,
                 metrics=metrics,
             )
             batch = None
@@ -353,11 +358,19 @@ class Engine:
 
     def on_revoke(self, consumer: Any, partitions: list[Any]) -> None:
         """Rebalance callback (:meth:`Ownership.on_revoke`)."""
-        self.ownership.on_revoke(consumer, self._read(partitions))
+        read = self._read(partitions)
+        if partitions and not read:
+            consumer.incremental_unassign([])  # handled: none of them was ever read
+            return
+        self.ownership.on_revoke(consumer, read)
 
     def on_lost(self, consumer: Any, partitions: list[Any]) -> None:
         """Rebalance callback (:meth:`Ownership.on_lost`)."""
-        self.ownership.on_lost(consumer, self._read(partitions))
+        read = self._read(partitions)
+        if partitions and not read:
+            consumer.incremental_unassign([])
+            return
+        self.ownership.on_lost(consumer, read)
 
     def _read(self, partitions: list[Any]) -> list[Any]:
         """The partitions this member reads of those the group gave or took: a

@@ -32,7 +32,8 @@ FORMATS = ("bytes", "json", "avro", "protobuf", "json-schema")
 #: ``--source``: the log consumed. ``kafka`` (confluent-kafka), or ``nats``: NATS
 #: JetStream through :class:`htmqc.sources.nats.NatsConsumer` (one stream per
 #: partition, a single member; ``--bootstrap nats://HOST:PORT``).
-SOURCES = ("kafka", "nats")
+KAFKA, NATS = "kafka", "nats"
+SOURCES = (KAFKA, NATS)
 
 #: ``--profile``: defaults tuned for a goal. An option given on the command line,
 #: in the environment or in ``--config`` wins over its profile's value.
