@@ -44,6 +44,7 @@ from hypothesis import HealthCheck, settings
 from htmqc.broker import Broker, create_topic, start_broker
 from htmqc.errors import HtmqcError
 from htmqc.kafka_cluster import KafkaCluster, java_binary, kafka_libs, start_kafka
+from htmqc.logs import unlimit_repeats
 from tests.services import missing
 
 TopicFactory = Callable[..., str]
@@ -249,3 +250,12 @@ def new_topic(broker: Broker | KafkaCluster, request: pytest.FixtureRequest) -> 
 def topic_factory(new_topic: TopicFactory) -> TopicFactory:
     """The same factory as :func:`new_topic`, under the name other suites use."""
     return new_topic
+
+
+@pytest.fixture(autouse=True)
+def _fresh_log_limits() -> Iterator[None]:
+    """Each test starts without the rate limits a run installs on htmqc's loggers
+    (:func:`htmqc.logs.limit_repeats`): a summary line one test's run held back
+    must not appear in another test's log capture. Held lines are said at teardown."""
+    yield
+    unlimit_repeats()
