@@ -499,6 +499,7 @@ class CoreVersusReference(RuleBasedStateMachine):
         for _, _, tracker in self.core.partitions():
             assert tracker.committed <= tracker.processed <= tracker.next
             assert tracker_invariant(tracker)
+            assert tracker.finished_count == len(tracker.finished_above())
 
     @invariant()
     def CommittedWithinDurable(self) -> None:

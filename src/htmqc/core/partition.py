@@ -179,8 +179,14 @@ class PartitionTracker:
         return len(self._live)
 
     @property
+    @icontract.ensure(
+        lambda self, result: result == len(self.finished_above()),
+        "exactly as many as finished_above lists",
+        enabled=ENABLED,
+    )
     def finished_count(self) -> int:
-        """How many offsets :meth:`finished_above` lists, in O(1)."""
+        """How many offsets :meth:`finished_above` lists, in O(1) (the metadata
+        budget's upper bound of a commit's text rests on it)."""
         return len(self._order) - len(self._live) + len(self._skip)
 
     def highest_held(self) -> int | None:
