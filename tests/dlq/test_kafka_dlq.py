@@ -8,11 +8,12 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer
+from confluent_kafka import TopicPartition as KafkaTP
 
 from htmqc.broker import Broker, create_topic
 from htmqc.dlq.entries import Selection
-from htmqc.dlq.kafka_source import KafkaDlq
+from htmqc.dlq.kafka_source import KafkaDlq, redrive_group
 from htmqc.kafka_defaults import producer_config
 from htmqc.runtime.delivery import AtLeastOnce
 from tests.dlq.support import Msg, info, read_topic
@@ -173,3 +174,30 @@ def test_a_crash_mid_redrive_neither_loses_nor_duplicates(
     assert KafkaDlq(broker.bootstrap, topic, timeout=15).redrive(Selection()).redriven == 0
     values = Counter(m.value() for m in read_topic(broker.bootstrap, topic, 2, 9))
     assert values == Counter(f"v{i}".encode() for i in range(9))
+
+
+@pytest.mark.brokers("kafka")
+def test_redrive_marks_beyond_the_metadata_limit_ride_in_the_positions_topic(
+    broker: Broker, new_topic: Any, capsys: Any
+) -> None:
+    # A partial redrive leaves marks above its committed offset; with the broker's
+    # limit given below their text, the commit goes without metadata and the marks
+    # are read back from the positions topic: the full redrive then does the rest once.
+    topic = dead_letter_topic(broker, new_topic, count=120)
+    bs, dlq = broker.bootstrap, f"{topic}.dlq"
+    code, out, err = run(capsys, "redrive", "--bootstrap", bs, "--topic", topic,
+                         "--error-class", "Bad", "--commit-metadata-bytes", "64")  # fmt: skip
+    assert code == 0 and out.splitlines()[-1].startswith("redrove 60 dead letters"), err
+    reader = Consumer({"bootstrap.servers": bs, "group.id": redrive_group(topic)})
+    try:
+        [mark] = reader.committed([KafkaTP(dlq, 0)], timeout=10)
+    finally:
+        reader.close()
+    assert mark.offset == 0 and not mark.metadata, "the marks' text is over 64 bytes"
+    code, out, err = run(capsys, "redrive", "--bootstrap", bs, "--topic", topic)
+    assert code == 0 and out.splitlines()[-1].startswith("redrove 60 dead letters"), err
+    values = Counter(m.value().decode() for m in read_topic(bs, topic, 2, 120))
+    assert values == Counter(f"v{i}" for i in range(120))
+    code, _, err = run(capsys, "redrive", "--bootstrap", bs, "--topic", topic,
+                       "--commit-metadata-bytes", "10")  # fmt: skip
+    assert code == 2 and "--commit-metadata-bytes must be at least 64" in err

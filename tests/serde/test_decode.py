@@ -85,6 +85,27 @@ def test_the_cli_says_a_missing_registry_in_one_line_before_connecting(
                        "--schema-registry URL (e.g. http://127.0.0.1:8081)")
 
 
+def test_a_start_refused_after_the_registry_client_and_sink_opened_closes_both(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decoders (a registry client) and the sink are built before the checks that
+    need them; a later refusal must not leave them open (no broker is reached here)."""
+    import htmqc.serde
+    from htmqc.runtime.launch import build_engine
+    from htmqc.sinks.sql import SqlSink
+
+    closed: list[str] = []
+    shared_close, sink_close = htmqc.serde._Shared.close, SqlSink.close
+    monkeypatch.setattr(htmqc.serde._Shared, "close",
+                        lambda self: (closed.append("registry"), shared_close(self))[1])
+    monkeypatch.setattr(SqlSink, "close", lambda self: (closed.append("sink"), sink_close(self))[1])
+    options = RunOptions(**BASE, mode="exactly-once", sink=f"sqlite:///{tmp_path}/eo.db",
+                         retry_topic=True, value_format="avro", schema_registry="http://r")
+    with pytest.raises(UsageError, match="--retry-topic with a database sink"):
+        build_engine(lambda message, txn: None, options)
+    assert sorted(closed) == ["registry", "sink"]
+
+
 def test_plain_json_decodes_documents_and_refuses_the_rest() -> None:
     decode = JsonDecoder()
     assert decode(b'{"a": [1, 2]}', "t", "value", None) == {"a": [1, 2]}

@@ -404,6 +404,49 @@ def test_kafka_show_seek_skip_reset(
     assert (rows[0]["position"], rows[1]["position"]) == (7, 10)
 
 
+def committed_metadata(bootstrap: str, group: str, topic: str) -> tuple[int, str]:
+    """Partition 0's committed offset and metadata, as the broker keeps them."""
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        [tp] = reader.committed([KafkaTP(topic, 0)], timeout=10)
+        return tp.offset, tp.metadata or ""
+    finally:
+        reader.close()
+
+
+@pytest.mark.broker
+@pytest.mark.brokers("kafka")
+def test_kafka_move_keeps_metadata_within_the_brokers_limit(
+    broker: AnyBroker, new_topic: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A move keeps the finished offsets above the new position; whether they ride in the
+    # commit metadata is decided by the broker's limit the user gives, as the consumer's is.
+    topic = new_topic(partitions=1)
+    fill(broker.bootstrap, topic, 120)
+    group, positions_topic = f"g-{uuid.uuid4().hex[:8]}", f"positions-{uuid.uuid4().hex[:8]}"
+    args = ["--bootstrap", broker.bootstrap, "--group", group, "--topic", topic,
+            "--positions-topic", positions_topic]  # fmt: skip
+    finished = tuple(range(4, 120, 2))
+    kafka_commit(broker.bootstrap, group, topic, positions_topic, {0: (2, finished)})
+    text = encode_metadata(3, finished)
+    assert 64 < len(text) < 4096
+
+    code, out, err = cli(capsys, "skip", "1", "--commit-metadata-bytes", str(len(text) - 1), *args)
+    assert code == 0 and out.strip().endswith("0: 2->3"), err
+    assert committed_metadata(broker.bootstrap, group, topic) == (3, "")
+    row = shown(capsys, *args)[0]
+    assert (row["finished_above"], row["source"]) == (list(finished), "positions topic")
+
+    code, out, err = cli(capsys, "skip", "2", "--commit-metadata-bytes", str(len(text)), *args)
+    assert code == 0 and out.strip().endswith("0: 3->5 (1 finished above now covered)"), err
+    kept = finished[1:]
+    assert committed_metadata(broker.bootstrap, group, topic) == (5, encode_metadata(5, kept))
+    assert shown(capsys, *args)[0]["source"] == "metadata"
+
+    code, _, err = cli(capsys, "skip", "1", "--commit-metadata-bytes", "10", *args)
+    assert code == 2 and "--commit-metadata-bytes must be at least 64" in one_line_error(err)
+
+
 @pytest.mark.broker
 @pytest.mark.brokers("tansu", "kafka")
 def test_kafka_move_refused_while_the_group_has_live_members(

@@ -25,7 +25,7 @@ import pytest
 
 from htmqc.sources.nats import NatsClient, produce, stream_name
 from htmqc.sources.nats_server import NatsServer
-from tests.runtime.test_modes_broker import assigned_starts, kill
+from tests.runtime.test_modes_broker import assigned_starts, audit_sigkill_restart, kill
 from tests.runtime.test_run_broker import (
     effect_ids,
     exactly_once_args,
@@ -86,20 +86,7 @@ def test_at_least_once_across_sigkill_loses_nothing(
     assert finish(second, 90) == 0, log2.read_text()[-2000:]
     # The killed member's lease outlives it (up to LEASE_SECONDS): the successor waits.
     assert "waiting as a standby" in log2.read_text()
-
-    def ids_of(path: Path) -> list[int]:
-        return [int(line.split()[2]) for line in path.read_text().splitlines()]
-
-    ids1, ids2 = ids_of(out1), ids_of(out2)
-    assert len(set(ids1)) == len(ids1) and len(set(ids2)) == len(ids2)
-    assert set(ids1) | set(ids2) == set(range(n)), "lost messages"
-    starts = assigned_starts(log2, topic)
-    assert sorted(starts) == [0, 1, 2, 3]
-    resumed_at = sum(starts.values())
-    assert 1500 <= resumed_at < n
-    assert len(ids2) == n - resumed_at, "the successor did not start at the committed offsets"
-    window = len(ids1) - resumed_at  # finished by the killed process, not committed
-    assert len(set(ids1) & set(ids2)) == window, "a message ran twice outside the window"
+    audit_sigkill_restart(out1, out2, log2, topic, n)
     assert committed() == n
 
 

@@ -18,7 +18,7 @@ from htmqc.audit import Effect, Produced, audit
 from htmqc.audit.load import effects_from_source
 from htmqc.produce import produce
 from tests.services import require_module
-from tests.spark.topics import ID_COLUMNS, reader, write_aborted
+from tests.spark.topics import ID_COLUMNS, reader, run_query, write_aborted
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.spark]
 
@@ -29,24 +29,6 @@ from htmqc.spark.session import connector_jars  # noqa: E402
 from htmqc.spark.sinks import ParquetBatchSink, SqlBatchSink  # noqa: E402
 
 Batch = Callable[[Any, int], None]
-
-
-def run_query(
-    spark: Any, bootstrap: str, topic: str, checkpoint: Path, sink: Batch, **options: str
-) -> Any:
-    """One ``availableNow`` run of ``topic`` into ``sink``, resuming from ``checkpoint``."""
-    rows = reader(spark, bootstrap, topic, **options).selectExpr(*ID_COLUMNS)
-    query = (
-        rows.writeStream.foreachBatch(sink)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    try:
-        query.awaitTermination(120)
-    finally:
-        query.stop()
-    return query
 
 
 def produced_ids(count: int, start: int = 0) -> list[Produced]:

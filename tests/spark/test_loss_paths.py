@@ -121,3 +121,33 @@ def test_records_deleted_while_a_batch_reads_them_are_logged_and_skipped(
         "htmqc-kafka: data loss (failOnDataLoss=false): "
         "t/0 deleted: offsets 120..149 were deleted while the batch read them"
     ]
+
+
+def test_a_wrong_address_fails_the_first_planning_quickly_naming_the_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No broker at the address: the query's first planning fails within its
+    first-contact budget (not the patience an outage mid-query gets), naming the
+    address and librdkafka's reason; a planner that reached the cluster waits longer."""
+    import time
+
+    from htmqc.broker import free_port
+
+    nowhere = f"127.0.0.1:{free_port()}"
+    monkeypatch.setattr(kafka_source, "FIRST_CONTACT_SECONDS", 1.0)
+    monkeypatch.setattr(kafka_source, "PATIENCE_SECONDS", 3.0)
+    planner = _Planner(parse_options({**BASE, "kafka.bootstrap.servers": nowhere}, batch=False))
+    try:
+        started = time.monotonic()
+        with pytest.raises(RuntimeError) as caught:
+            planner.snapshot(first=True)
+        first = time.monotonic() - started
+        assert f"cannot list topics at {nowhere} (" in str(caught.value)
+        assert "Connection refused" in str(caught.value)
+        planner._reached = True  # as after a planning that reached the cluster
+        started = time.monotonic()
+        with pytest.raises(RuntimeError):
+            planner.snapshot()
+        assert first < 3.0 <= time.monotonic() - started
+    finally:
+        planner.close()

@@ -17,6 +17,7 @@ import pytest
 from htmqc.audit.load import effects_from_source
 from htmqc.produce import produce
 from tests.services import require_module
+from tests.spark.topics import run_query
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.spark]
 
@@ -30,26 +31,8 @@ from htmqc.spark.topic_guard import IDS_FILE, TopicGuard  # noqa: E402
 
 def run(spark: Any, bootstrap: str, topic: str, checkpoint: Path, sink: Any) -> Any:
     """One ``availableNow`` run of ``topic`` through Spark's connector into ``sink``."""
-    rows = (
-        spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .option("kafka.isolation.level", "read_committed")
-        .load()
-        .selectExpr("cast(substring(value, 1, 12) as string) AS id", "partition", "offset")
-    )
-    query = (
-        rows.writeStream.foreachBatch(sink)
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    try:
-        query.awaitTermination(120)
-    finally:
-        query.stop()
-    return query
+    committed = {"kafka.isolation.level": "read_committed"}
+    return run_query(spark, bootstrap, topic, checkpoint, sink, "kafka", **committed)
 
 
 def ids(db: Path, table: str) -> list[str]:

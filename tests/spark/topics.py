@@ -10,6 +10,8 @@ a ``read_uncommitted`` reader sees them, a ``read_committed`` one must not.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Producer
@@ -54,3 +56,28 @@ def reader(spark: Any, bootstrap: str, topic: str, fmt: str = "htmqc-kafka", **o
     for name, value in options.items():
         stream = stream.option(name, value)
     return stream.load()
+
+
+def run_query(
+    spark: Any,
+    bootstrap: str,
+    topic: str,
+    checkpoint: Path,
+    sink: Callable[[Any, int], None],
+    fmt: str = "htmqc-kafka",
+    **options: str,
+) -> Any:
+    """One ``availableNow`` run of ``topic`` through ``fmt`` into ``sink``, resuming
+    from ``checkpoint``; the query, stopped."""
+    rows = reader(spark, bootstrap, topic, fmt, **options).selectExpr(*ID_COLUMNS)
+    query = (
+        rows.writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        query.awaitTermination(120)
+    finally:
+        query.stop()
+    return query

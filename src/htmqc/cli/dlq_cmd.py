@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
+from htmqc.cli import metadata_limit
 from htmqc.config import parse_pairs, remember_secrets
 from htmqc.dlq.entries import Selection, StoredDeadLetter, iso_time, parse_time, show_bytes
 from htmqc.dlq.kafka_source import KafkaDlq, RedriveReport
@@ -111,6 +112,7 @@ def register(subparsers: Any) -> None:
     redrive = actions.add_parser("redrive", help="write dead letters back to their topic")
     _source_options(redrive)
     _filter_options(redrive)
+    metadata_limit.add_option(redrive)
     redrive.add_argument(
         "--dry-run", action="store_true",
         help="list what would be redriven (selected, not redriven yet) and write nothing",
@@ -138,6 +140,7 @@ def _source(args: argparse.Namespace) -> KafkaDlq | SqlDlq:
         poison_only=args.poison,
         kafka_config=kafka,
         timeout=args.timeout,
+        metadata_max_bytes=metadata_limit.from_args(args),
     )
 
 

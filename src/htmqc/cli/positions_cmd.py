@@ -27,6 +27,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from htmqc.cli import metadata_limit
 from htmqc.config import parse_pairs, remember_secrets
 from htmqc.core.decisions import TopicPartition
 from htmqc.errors import UsageError
@@ -109,6 +110,7 @@ def _options(parser: argparse.ArgumentParser, *, moves: bool) -> None:
         parser.add_argument(
             "--dry-run", action="store_true", help="run the checks, print what would move"
         )
+        metadata_limit.add_option(parser)
         parser.add_argument(
             "--force",
             action="store_true",
@@ -179,7 +181,10 @@ class _Target:
         self.info = KafkaTopicInfo(
             args.bootstrap, args.topic, kafka_config=kafka, timeout=args.timeout
         )
-        self.kafka = KafkaGroupOffsets(self.info, args.group, positions_topic=args.positions_topic)
+        self.kafka = KafkaGroupOffsets(
+            self.info, args.group, positions_topic=args.positions_topic,
+            metadata_max_bytes=metadata_limit.from_args(args),
+        )  # fmt: skip
         self.sql: SqlSink | None = None
         if args.sink and parse_sink_url(args.sink).kind != "kafka":
             self.sql = _open_sql(args.sink, args.group)

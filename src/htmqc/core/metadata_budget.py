@@ -73,6 +73,9 @@ from htmqc.core.position_text import METADATA_PREFIX, encode_finished
 
 #: Kafka's default ``offset.metadata.max.bytes``.
 DEFAULT_LIMIT = 4096
+#: The smallest limit ``--commit-metadata-bytes`` takes: room for the prefix and
+#: a few runs, so that a commit with a handful of offsets out of order still fits.
+MIN_LIMIT = 64
 #: The bytes every htmqc commit metadata spends before the offsets.
 PREFIX_BYTES = len(METADATA_PREFIX)
 

@@ -113,6 +113,7 @@ class KafkaDlq:
         kafka_config: Mapping[str, Any] | None = None,
         timeout: float = 30.0,
         positions_topic: str = DEFAULT_POSITIONS_TOPIC,
+        metadata_max_bytes: int = METADATA_MAX_BYTES,
     ) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
@@ -123,6 +124,9 @@ class KafkaDlq:
         self.timeout = timeout
         self.group = redrive_group(topic)
         self.positions_topic = positions_topic
+        #: The broker's ``offset.metadata.max.bytes``: a longer finished-above text
+        #: rides in the positions topic only.
+        self.metadata_max_bytes = metadata_max_bytes
         self.skipped = 0
 
     # -- reading -----------------------------------------------------------------------
@@ -493,7 +497,7 @@ class _Run:
                 mark.above = {o for o in mark.above if o >= mark.committed}
                 text = encode_finished(mark.committed, mark.above)
                 metadata = METADATA_PREFIX + text
-                if len(metadata) > METADATA_MAX_BYTES:
+                if len(metadata) > self.dlq.metadata_max_bytes:
                     metadata = ""  # too long for Kafka's metadata: the positions record holds it
                 offsets.append(KafkaTP(tp[0], tp[1], mark.committed, metadata=metadata))
                 if mark.above:

@@ -13,6 +13,7 @@ import importlib
 import logging
 import threading
 from collections.abc import Callable
+from contextlib import ExitStack, suppress
 from typing import TYPE_CHECKING, Any
 
 from htmqc.core.retry import FailureKind
@@ -28,6 +29,7 @@ from htmqc.runtime.subscription import Subscription
 
 if TYPE_CHECKING:
     from htmqc.observe import Metrics
+    from htmqc.runtime.decode import Decoders
 
 log = logging.getLogger("htmqc.runtime")
 
@@ -155,11 +157,6 @@ def build_engine(
 ) -> Engine:
     """Everything :func:`run` needs, checked (the handler's signature first,
     before anything connects); the caller runs it."""
-    from confluent_kafka import Consumer, KafkaException, Producer
-
-    from htmqc.kafka_defaults import consumer_config, producer_config
-    from htmqc.sinks import open_sink
-
     check_handler(handler, options.mode)
     limit_repeats()  # htmqc's and librdkafka's repeated lines (htmqc.logs)
     decoders = None
@@ -167,8 +164,32 @@ def build_engine(
         from htmqc.serde import build_decoders
 
         decoders = build_decoders(options)
-    if options.source == NATS:
-        return build_nats_engine(handler, options, metrics=metrics, decoders=decoders)
+    # What is opened on the way (the registry client, the sink, the consumer) is
+    # closed again if a later step refuses to start; the engine owns it otherwise.
+    with ExitStack() as opened:
+        if decoders is not None:
+            opened.callback(_quietly, decoders.close)
+        if options.source == NATS:
+            built = build_nats_engine(handler, options, metrics=metrics, decoders=decoders)
+        else:
+            built = _build_kafka_engine(handler, options, metrics, decoders, opened)
+        opened.pop_all()
+    return built
+
+
+def _build_kafka_engine(
+    handler: Callable[..., Any],
+    options: RunOptions,
+    metrics: Metrics | None,
+    decoders: Decoders | None,
+    opened: ExitStack,
+) -> Engine:
+    """:func:`build_engine` for a Kafka source; what it opens is pushed on ``opened``."""
+    from confluent_kafka import Consumer, KafkaException, Producer
+
+    from htmqc.kafka_defaults import consumer_config, producer_config
+    from htmqc.sinks import open_sink
+
     if options.mode == EXACTLY_ONCE and not options.sink:
         raise UsageError(
             "exactly-once needs a sink",
@@ -184,6 +205,7 @@ def build_engine(
             member_id=options.member_id,
             metadata_max_bytes=options.commit_metadata_bytes,
         )
+        opened.callback(_quietly, sink.close)
         if options.retry_topic and not sink.writes_kafka:
             raise UsageError(
                 "--retry-topic with a database sink cannot move a message atomically",
@@ -237,6 +259,7 @@ def build_engine(
             f"invalid Kafka setting: {exc.args[0].str() if exc.args else 'unknown'}",
             "check the --kafka-config keys and values",
         ) from None
+    opened.callback(_quietly, consumer.close)
 
     def producer() -> Any:
         """The dead-letter (and retry-topic) producer; its topics are created if missing
@@ -265,6 +288,13 @@ def build_engine(
         )
     )
     return engine[0]
+
+
+def _quietly(close: Callable[[], object]) -> None:
+    """``close()``, its own failure suppressed: the start-up error that made the
+    caller clean up is the one to report."""
+    with suppress(Exception):
+        close()
 
 
 class CreatingProducer:

@@ -14,6 +14,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from htmqc.core.breaker import BreakerPolicy
+from htmqc.core.metadata_budget import DEFAULT_LIMIT, MIN_LIMIT
 
 AT_LEAST_ONCE = "at-least-once"
 EXACTLY_ONCE = "exactly-once"
@@ -316,9 +317,9 @@ class RunOptions:
         default_factory=dict, metadata={"htmqc": Spec(cli=False)}
     )
     commit_metadata_bytes: int = opt(
-        4096, "longest offset-commit metadata the broker takes (its "
+        DEFAULT_LIMIT, "longest offset-commit metadata the broker takes (its "
         "offset.metadata.max.bytes); a partition whose out-of-order offsets could outgrow "
-        "it is throttled", limits=(64, 2**31 - 1, True),
+        "it is throttled", limits=(MIN_LIMIT, 2**31 - 1, True),
     )  # fmt: skip
     source: str = opt(
         "kafka", "the log to consume: kafka, or nats (JetStream, one member; "

@@ -161,10 +161,15 @@ class KafkaGroupOffsets:
         group: str,
         *,
         positions_topic: str = DEFAULT_POSITIONS_TOPIC,
+        metadata_max_bytes: int = METADATA_MAX_BYTES,
     ) -> None:
         self.info = info
         self.group = group
         self.positions_topic = positions_topic
+        #: The broker's ``offset.metadata.max.bytes`` (``--commit-metadata-bytes``):
+        #: a move whose metadata would be longer keeps its finished offsets in the
+        #: positions topic only.
+        self.metadata_max_bytes = metadata_max_bytes
         self._records: dict[int, tuple[int, str]] | None = None
 
     def _records_of(self, partitions: Sequence[int]) -> dict[int, tuple[int, str]]:
@@ -268,7 +273,7 @@ class KafkaGroupOffsets:
         for m in changed:
             text = encode_finished(m.after, m.finished_after)
             metadata = METADATA_PREFIX + text
-            if len(metadata) > METADATA_MAX_BYTES:
+            if len(metadata) > self.metadata_max_bytes:
                 metadata = ""  # too long for the metadata: the positions record holds it
             offsets.append(KafkaTP(info.topic, m.partition, m.after, metadata=metadata))
             if m.partition in records or (m.finished_after and not metadata):

@@ -47,6 +47,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 
 from htmqc.core.decisions import Commit, TopicPartition
+from htmqc.core.metadata_budget import DEFAULT_LIMIT
 from htmqc.dlq.headers import dlq_headers
 from htmqc.errors import RuntimeFailure, UsageError
 from htmqc.kafka_defaults import producer_config
@@ -98,7 +99,7 @@ COORDINATOR_MOVING = frozenset(
 )
 _COORDINATOR_RETRY_SECONDS = 0.2
 #: Kafka's default ``offset.metadata.max.bytes``.
-METADATA_MAX_BYTES = 4096
+METADATA_MAX_BYTES = DEFAULT_LIMIT
 
 #: How long past its own timeout a transactional call of librdkafka may run
 #: before the sink gives up on it and on its producer (:func:`_bounded`).

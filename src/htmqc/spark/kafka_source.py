@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -152,6 +152,12 @@ class KafkaRange(InputPartition):
         self.topic, self.partition, self.start, self.end = topic, partition, start, end
 
 
+#: How long the driver waits for a cluster that never answered this query's planner.
+FIRST_CONTACT_SECONDS = 5.0
+#: How long it waits for one that answered before (a broker restarting).
+PATIENCE_SECONDS = 15.0
+
+
 class _Planner:
     """Driver side, shared by the stream and batch readers: partitions, their
     offsets now, offsets for times; and what to do with a loss."""
@@ -160,16 +166,25 @@ class _Planner:
         self.options = options
         self._consumer: Any = None
         self._admin: Any = None
+        #: Whether the cluster has answered this planner once: until then a wrong
+        #: address fails in FIRST_CONTACT_SECONDS, later an outage gets PATIENCE_SECONDS.
+        self._reached = False
+        self._last_error = ""
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"options": self.options, "_consumer": None, "_admin": None}
+        return {"options": self.options, "_consumer": None, "_admin": None,
+                "_reached": False, "_last_error": ""}  # fmt: skip
 
     def _client(self) -> Any:
         if self._consumer is None:
             self._consumer = _new_consumer(
-                {"fetch.wait.max.ms": "10", **self.options.consumer_config()}
+                {"fetch.wait.max.ms": "10", **self.options.consumer_config()},
+                error_cb=self._on_error,
             )
         return self._consumer
+
+    def _on_error(self, err: Any) -> None:
+        self._last_error = err.str()
 
     def _admin_client(self) -> Any:
         from confluent_kafka.admin import AdminClient
@@ -188,19 +203,33 @@ class _Planner:
         self._admin = None
 
     def _unreachable(self, exc: BaseException) -> RuntimeError:
+        why = self._last_error or _text(exc)
         return RuntimeError(
-            f"{NAME}: cannot list topics at {self.options.bootstrap} ({_text(exc)}); "
+            f"{NAME}: cannot list topics at {self.options.bootstrap} ({why}); "
             "check kafka.bootstrap.servers and that the brokers are up"
         )
 
     def _topic_partitions(self) -> dict[str, int]:
-        """Topic -> partition count for every topic this query reads that exists."""
+        """Topic -> partition count for every topic this query reads that exists.
+
+        Asks in one-second tries until the cluster answers: for
+        :data:`FIRST_CONTACT_SECONDS` before it ever did (a wrong address fails
+        the query's start at once, naming librdkafka's reason), for
+        :data:`PATIENCE_SECONDS` after (a broker restarting mid-query)."""
         from confluent_kafka import KafkaException
 
-        try:
-            meta = self._client().list_topics(timeout=15)
-        except KafkaException as exc:
-            raise self._unreachable(exc) from None
+        client = self._client()
+        budget = PATIENCE_SECONDS if self._reached else FIRST_CONTACT_SECONDS
+        deadline = time.monotonic() + budget
+        while True:
+            try:
+                meta = client.list_topics(timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+                break
+            except KafkaException as exc:
+                client.poll(0)  # serves error_cb: the connection's own reason
+                if time.monotonic() >= deadline:
+                    raise self._unreachable(exc) from None
+        self._reached = True
         counts = {
             name: len(t.partitions)
             for name, t in meta.topics.items()
@@ -499,11 +528,13 @@ def _probe_ends(
     return out
 
 
-def _new_consumer(config: Mapping[str, str]) -> Any:
+def _new_consumer(config: Mapping[str, str], error_cb: Callable[[Any], None] | None = None) -> Any:
     from confluent_kafka import Consumer
 
+    callbacks = {} if error_cb is None else {"error_cb": error_cb}
     return Consumer(
         {
+            **callbacks,
             "group.id": f"htmqc-spark-{uuid.uuid4().hex}",  # required; never joined
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
