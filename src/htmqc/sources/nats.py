@@ -88,15 +88,26 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError
 from confluent_kafka import TopicPartition as KafkaTP
 
 from htmqc.errors import RuntimeFailure, UsageError
+from htmqc.sources.pumped import (
+    BUFFER_MESSAGES,
+    CALL_TIMEOUT,
+    FETCH_BATCH,
+    TP,
+    CommitCallback,
+    LogMessage,
+    PumpedConsumer,
+    _Partition,
+    stop_loop,
+)
+from htmqc.sources.pumped import OFFSET_INVALID as OFFSET_INVALID
 
 log = logging.getLogger("htmqc.nats")
 
@@ -110,20 +121,10 @@ LEASES_BUCKET = "htmqc_leases"
 LEASE_SECONDS = 10.0
 #: The header that carries a message's key.
 KEY_HEADER = "Htmqc-Key"
-#: librdkafka's "no offset" (``OFFSET_INVALID``).
-OFFSET_INVALID = -1001
-#: Kafka's CreateTime timestamp type.
-TIMESTAMP_CREATE_TIME = 1
-#: Messages one pull request asks for.
-FETCH_BATCH = 1000
-#: Messages a partition's buffer holds before its pump waits.
-BUFFER_MESSAGES = 4000
 #: Seconds one pull request lingers on an idle partition.
 FETCH_WAIT = 1.0
 #: Seconds an abandoned pull consumer lives on the server (a crashed member's).
 INACTIVE_THRESHOLD = 30.0
-#: Seconds a blocking call into the NATS thread waits at most.
-CALL_TIMEOUT = 30.0
 #: Topic and group names: stream names, subject tokens and KV keys must stay plain.
 NAME = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -177,61 +178,11 @@ def servers_of(bootstrap: str) -> list[str]:
 # -- messages -------------------------------------------------------------------------------
 
 
-class NatsMessage:
-    """A consumed JetStream message as the runtime reads it (:class:`htmqc.ports.Message`).
+class NatsMessage(LogMessage):
+    """A consumed JetStream message: ``offset()`` is the stream sequence minus
+    one; ``timestamp()`` the server's store time."""
 
-    ``offset()`` is the stream sequence minus one; ``timestamp()`` is
-    ``(CreateTime, milliseconds)`` of the server's store time."""
-
-    __slots__ = ("_headers", "_key", "_offset", "_partition", "_topic", "_ts", "_value")
-
-    def __init__(
-        self,
-        topic: str,
-        partition: int,
-        offset: int,
-        key: bytes | None,
-        value: bytes,
-        headers: list[tuple[str, bytes]] | None,
-        timestamp_ms: int,
-    ) -> None:
-        self._topic = topic
-        self._partition = partition
-        self._offset = offset
-        self._key = key
-        self._value = value
-        self._headers = headers
-        self._ts = timestamp_ms
-
-    def topic(self) -> str:
-        return self._topic
-
-    def partition(self) -> int:
-        return self._partition
-
-    def offset(self) -> int:
-        return self._offset
-
-    def key(self) -> bytes | None:
-        return self._key
-
-    def value(self) -> bytes:
-        return self._value
-
-    def headers(self) -> list[tuple[str, bytes]] | None:
-        return self._headers
-
-    def timestamp(self) -> tuple[int, int]:
-        return (TIMESTAMP_CREATE_TIME, self._ts)
-
-    def error(self) -> None:
-        return None
-
-    def __len__(self) -> int:
-        return len(self._value)
-
-    def __repr__(self) -> str:
-        return f"NatsMessage({self._topic}/{self._partition}@{self._offset})"
+    __slots__ = ()
 
 
 def sequence_and_time(reply: str) -> tuple[int, int]:
@@ -280,37 +231,7 @@ def convert(topic: str, partition: int, msg: Any) -> NatsMessage:
 # -- the consumer -----------------------------------------------------------------------------
 
 
-def _tp(topic: str, partition: int, offset: int, metadata: str | None) -> KafkaTP:
-    """A confluent-kafka ``TopicPartition`` (whose ``metadata`` may not be ``None``)."""
-    if metadata is None:
-        return KafkaTP(topic, partition, offset)
-    return KafkaTP(topic, partition, offset, metadata=metadata)
-
-TP = tuple[str, int]
-CommitCallback = Callable[[Any, list[KafkaTP]], None]
-RebalanceCallback = Callable[[Any, list[KafkaTP]], None]
-
-
-@dataclass(eq=False)
-class _Partition:
-    """One assigned partition: its fetch position and buffer (guarded by the
-    consumer's condition), its pump (on the NATS thread)."""
-
-    topic: str
-    partition: int
-    #: Next offset to hand out (``position``); ``None`` until known (assigned without one).
-    position: int | None
-    paused: bool = False
-    #: Bumped by every seek / unassign: a pump of an older generation stops.
-    generation: int = 0
-    buffer: deque[NatsMessage] = field(default_factory=deque)
-    #: Set (on the NATS loop) to wake the pump.
-    wake: asyncio.Event | None = None
-    #: The pump waits for room or a resume.
-    idle: bool = False
-
-
-class NatsConsumer:
+class NatsConsumer(PumpedConsumer):
     """The blocking :class:`~htmqc.ports.ConsumerPort` over JetStream (module docs).
 
     ``bootstrap``: NATS URL(s); ``group``: the name commits are stored under;
@@ -319,6 +240,8 @@ class NatsConsumer:
 
     :raises RuntimeFailure: the server cannot be reached within ``connect_seconds``.
     """
+
+    SOURCE, OPTION = "NATS", "nats"
 
     def __init__(
         self,
@@ -332,34 +255,18 @@ class NatsConsumer:
         lease_seconds: float = LEASE_SECONDS,
     ) -> None:
         check_name("group", group)
+        super().__init__(
+            group,
+            on_commit=on_commit,
+            fetch_batch=fetch_batch,
+            buffer_messages=buffer_messages,
+            thread_name="htmqc-nats",
+        )
         self.lease_seconds = lease_seconds
         self.member = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        #: The lease's revision while held; the lease was taken by another member.
+        #: The lease's revision while held.
         self._lease_revision: int | None = None
-        self._lease_lost = False
-        #: Monotonic time until which the lease is surely ours (renewed in time).
-        self._lease_until = 0.0
-        self._lease_key: str | None = None
         self.servers = servers_of(bootstrap)
-        self.group = group
-        self.on_commit = on_commit
-        self.fetch_batch = fetch_batch
-        self.buffer_messages = max(buffer_messages, fetch_batch)
-        self._cond = threading.Condition()
-        self._parts: dict[TP, _Partition] = {}
-        self._acks: deque[tuple[Any, list[KafkaTP]]] = deque()
-        self._callbacks: tuple[RebalanceCallback | None, ...] = (None, None, None)
-        self._to_assign: list[KafkaTP] | None = None
-        self._watermarks: dict[TP, tuple[int, int]] = {}
-        self._rotate = 0
-        self._closed = False
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="htmqc-nats", daemon=True
-        )
-        self._thread.start()
-        self._commit_lock: asyncio.Lock | None = None
-        self._pumps: set[asyncio.Task[None]] = set()
         self._kv: Any = None
         try:
             self._nc: Any = self._call(self._connect(connect_seconds), connect_seconds + 5)
@@ -368,23 +275,26 @@ class NatsConsumer:
             raise
         self._js: Any = self._nc.jetstream()
 
+    def _stream(self, topic: str, partition: int) -> str:
+        return stream_name(topic, partition)
+
+    def _check_topic(self, topic: str) -> None:
+        check_name("topic", topic)
+
+    def _lost_lease(self) -> RuntimeFailure:
+        return RuntimeFailure(
+            f"another member took the NATS lease of group {self.group!r} "
+            f"({self._lease_key}): this one could not renew it in time",
+            "run one member per group; restart this one to wait as a standby",
+        )
+
     # -- the NATS thread ----------------------------------------------------------------------
-
-    def _submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
-
-    def _call(self, coro: Coroutine[Any, Any, T], timeout: float = CALL_TIMEOUT) -> T:
-        """Run ``coro`` on the NATS thread and wait for it (at most ``timeout`` s)."""
-        return self._submit(coro).result(timeout if timeout >= 0 else None)
 
     async def _connect(self, seconds: float) -> Any:
         self._commit_lock = asyncio.Lock()
         return await connect(
             self.servers, seconds, disconnected_cb=self._disconnected, reconnected_cb=_reconnected
         )
-
-    def _stop_loop(self) -> None:
-        _stop(self._loop, self._thread)
 
     # -- topics -------------------------------------------------------------------------------
 
@@ -393,310 +303,7 @@ class NatsConsumer:
         that exist, counted from 0 up to the first missing one."""
         return self._call(_count_partitions(self._js, topic))
 
-    # -- ConsumerPort ---------------------------------------------------------------------------
-
-    def subscribe(
-        self,
-        topics: list[str],
-        on_assign: RebalanceCallback | None = None,
-        on_revoke: RebalanceCallback | None = None,
-        on_lost: RebalanceCallback | None = None,
-    ) -> None:
-        """Take ``topics[0]``'s partitions: once this member holds the group's
-        lease, ``on_assign`` gets them all inside a :meth:`consume` (module docs:
-        one member; a second one waits as a standby).
-
-        :raises UsageError: more than one topic, a bad name, or no such topic.
-        """
-        if len(topics) != 1:
-            raise UsageError(
-                "a NATS source consumes one topic", "drop --retry-topic with --source nats"
-            )
-        topic = topics[0]
-        check_name("topic", topic)
-        count = self.partitions(topic)
-        if count == 0:
-            raise UsageError(
-                f"topic {topic!r} has no streams {stream_name(topic, 0)}, ... on NATS",
-                "create them (pass --create-topic PARTITIONS)",
-            )
-        self._callbacks = (on_assign, on_revoke, on_lost)
-        self._lease_key = f"{self.group}.{topic}"
-        parts = [KafkaTP(topic, p) for p in range(count)]
-        self._loop.call_soon_threadsafe(self._track, self._hold_lease(parts))
-
-    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Any]:
-        """Up to ``num_messages`` messages of the unpaused partitions, waiting at
-        most ``timeout`` seconds (negative: until some arrive) for the first.
-        Rebalance and commit callbacks run here first. Nothing is handed out
-        while the lease is in doubt (not renewed within 80 % of its life).
-
-        :raises RuntimeFailure: another member took the lease (this one could
-            not renew it in time): the run must stop.
-        """
-        self._callbacks_due()
-        out = self._take(num_messages)
-        if out or timeout == 0:
-            return out
-        deadline = None if timeout < 0 else time.monotonic() + timeout
-        with self._cond:
-            while not self._closed:
-                if self._acks or self._to_assign is not None or self._lease_lost:
-                    break
-                if time.monotonic() < self._lease_until and any(
-                    p.buffer and not p.paused for p in self._parts.values()
-                ):
-                    break
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    break
-                self._cond.wait(left)
-        self._callbacks_due()
-        return self._take(num_messages)
-
-    def _callbacks_due(self) -> None:
-        if self._lease_lost:
-            raise RuntimeFailure(
-                f"another member took the NATS lease of group {self.group!r} "
-                f"({self._lease_key}): this one could not renew it in time",
-                "run one member per group; restart this one to wait as a standby",
-            )
-        with self._cond:
-            parts = self._to_assign
-            self._to_assign = None
-        if parts is not None:
-            on_assign = self._callbacks[0]
-            if on_assign is not None:
-                on_assign(self, parts)
-            else:
-                self.incremental_assign(parts)
-        while self._acks:
-            err, parts = self._acks.popleft()
-            if self.on_commit is not None:
-                self.on_commit(err, parts)
-
-    def _take(self, num: int) -> list[Any]:
-        out: list[Any] = []
-        wake: list[_Partition] = []
-        with self._cond:
-            if time.monotonic() >= self._lease_until:
-                return out  # the lease is in doubt (or not taken yet)
-            parts = [p for p in self._parts.values() if p.buffer and not p.paused]
-            if not parts:
-                return out
-            self._rotate = (self._rotate + 1) % len(parts)
-            for part in parts[self._rotate:] + parts[: self._rotate]:
-                room = num - len(out)
-                if room <= 0:
-                    break
-                buf = part.buffer
-                before = len(buf)
-                if before <= room:
-                    out.extend(buf)
-                    buf.clear()
-                else:
-                    out.extend(buf.popleft() for _ in range(room))
-                part.position = out[-1].offset() + 1
-                if part.idle and before > len(buf):
-                    part.idle = False
-                    wake.append(part)
-        for part in wake:
-            self._wake(part)
-        return out
-
-    def _wake(self, part: _Partition) -> None:
-        event = part.wake
-        if event is not None:
-            self._loop.call_soon_threadsafe(event.set)
-
-    def incremental_assign(self, partitions: list[KafkaTP]) -> None:
-        """Take ``partitions``, each at its offset if given (``>= 0``), else at the
-        group's committed offset, else at the log start."""
-        for p in partitions:
-            tp = (p.topic, p.partition)
-            with self._cond:
-                if tp in self._parts:
-                    continue
-                offset = p.offset if p.offset is not None and p.offset >= 0 else None
-                part = self._parts[tp] = _Partition(p.topic, p.partition, offset)
-            self._loop.call_soon_threadsafe(self._start_pump, part, part.generation)
-
-    def incremental_unassign(self, partitions: list[KafkaTP]) -> None:
-        """Let go of ``partitions`` (their pumps stop, buffers dropped)."""
-        with self._cond:
-            for p in partitions:
-                part = self._parts.pop((p.topic, p.partition), None)
-                if part is not None:
-                    part.generation += 1
-                    part.buffer.clear()
-                    self._wake(part)
-
-    def pause(self, partitions: list[KafkaTP]) -> None:
-        """Hand out nothing of ``partitions`` and stop fetching them."""
-        with self._cond:
-            for p in partitions:
-                part = self._parts.get((p.topic, p.partition))
-                if part is not None:
-                    part.paused = True
-
-    def resume(self, partitions: list[KafkaTP]) -> None:
-        """Undo :meth:`pause`."""
-        with self._cond:
-            for p in partitions:
-                part = self._parts.get((p.topic, p.partition))
-                if part is not None and part.paused:
-                    part.paused = False
-                    self._wake(part)
-            self._cond.notify_all()
-
-    def seek(self, partition: KafkaTP) -> None:
-        """Fetch ``partition`` from its offset on: the buffer is dropped and a new
-        pull consumer starts at that sequence.
-
-        :raises KafkaException: the partition is not assigned (as librdkafka).
-        """
-        tp = (partition.topic, partition.partition)
-        offset = partition.offset
-        with self._cond:
-            part = self._parts.get(tp)
-            if part is None or offset is None or offset < 0:
-                raise KafkaException(
-                    KafkaError(KafkaError._STATE, f"cannot seek {tp[0]}/{tp[1]} to {offset}")
-                )
-            part.generation += 1
-            part.buffer.clear()
-            part.position = offset
-            generation = part.generation
-            self._wake(part)
-        self._loop.call_soon_threadsafe(self._start_pump, part, generation)
-
-    def position(self, partitions: list[KafkaTP]) -> list[KafkaTP]:
-        """Each partition's next offset to hand out (``OFFSET_INVALID`` if unknown)."""
-        out = []
-        with self._cond:
-            for p in partitions:
-                part = self._parts.get((p.topic, p.partition))
-                pos = part.position if part is not None else None
-                out.append(KafkaTP(p.topic, p.partition, OFFSET_INVALID if pos is None else pos))
-        return out
-
-    def committed(self, partitions: list[KafkaTP], timeout: float = -1) -> list[KafkaTP]:
-        """The group's stored commits (offset and metadata), ``OFFSET_INVALID`` where none."""
-        wait = CALL_TIMEOUT if timeout < 0 else timeout
-        got = self._call(self._read_commits([(p.topic, p.partition) for p in partitions]), wait)
-        out = []
-        for p in partitions:
-            entry = got.get((p.topic, p.partition))
-            if entry is None:
-                out.append(KafkaTP(p.topic, p.partition, OFFSET_INVALID))
-            else:
-                out.append(_tp(p.topic, p.partition, entry[0], entry[1]))
-        return out
-
-    def commit(self, *args: Any, **kwargs: Any) -> Any:
-        """Store ``offsets=[TopicPartition(topic, partition, offset, metadata=...)]``.
-        ``asynchronous=True`` (default, as confluent-kafka): the outcome comes to
-        ``on_commit`` inside a later :meth:`consume`; ``False``: wait and return
-        the partitions.
-
-        :raises KafkaException: a synchronous commit failed.
-        :raises ValueError: no ``offsets`` (committing a message or the current
-            positions is not supported).
-        """
-        offsets = kwargs.get("offsets", args[0] if args else None)
-        if not offsets:
-            raise ValueError("NatsConsumer.commit needs offsets=[...]")
-        parts = [_tp(p.topic, p.partition, p.offset, p.metadata) for p in offsets]
-        future = self._submit(self._store_commits(parts))
-        if kwargs.get("asynchronous", True):
-
-            def done(f: Future[None]) -> None:
-                exc = f.exception()
-                err = None if exc is None else KafkaError(KafkaError._TRANSPORT, str(exc))
-                with self._cond:
-                    self._acks.append((err, parts))
-                    self._cond.notify_all()
-
-            future.add_done_callback(done)
-            return None
-        try:
-            future.result(CALL_TIMEOUT)
-        except Exception as exc:
-            raise KafkaException(KafkaError(KafkaError._TRANSPORT, str(exc))) from None
-        return parts
-
-    def get_watermark_offsets(
-        self, partition: KafkaTP, timeout: float = -1, cached: bool = False
-    ) -> tuple[int, int] | None:
-        """``(low, high)``: ``first_seq - 1`` and ``last_seq`` of the partition's
-        stream. ``cached``: the last value read (refreshed in the background),
-        ``None`` before the first."""
-        tp = (partition.topic, partition.partition)
-        if cached:
-            self._submit(self._watermarks_of(tp))
-            return self._watermarks.get(tp)
-        wait = CALL_TIMEOUT if timeout < 0 else timeout
-        return self._call(self._watermarks_of(tp), wait)
-
-    def close(self) -> None:
-        """Stop every pump, delete their pull consumers, drain and close the
-        connection. Idempotent."""
-        with self._cond:
-            if self._closed:
-                return
-            self._closed = True
-            for part in self._parts.values():
-                part.generation += 1
-                self._wake(part)
-            self._parts.clear()
-            self._cond.notify_all()
-        with contextlib.suppress(Exception):
-            self._call(self._close(), 10)
-        self._stop_loop()
-
     # -- coroutines (NATS thread) --------------------------------------------------------------
-
-    def _start_pump(self, part: _Partition, generation: int) -> None:
-        if part.wake is None:
-            part.wake = asyncio.Event()
-        self._track(self._pump(part, generation))
-
-    def _track(self, coro: Coroutine[Any, Any, None]) -> None:
-        """Run ``coro`` as a task :meth:`close` cancels and waits for."""
-        task = self._loop.create_task(coro)
-        self._pumps.add(task)
-        task.add_done_callback(self._pumps.discard)
-
-    def _current(self, part: _Partition, generation: int) -> bool:
-        return not self._closed and part.generation == generation
-
-    async def _pump(self, part: _Partition, generation: int) -> None:
-        """Fetch ``part`` into its buffer while ``generation`` is current: one
-        *session* (an inbox subscription and an ephemeral pull consumer from the
-        position on) at a time; a failure ends the session, drops the buffer and
-        starts another from the position after a backoff."""
-        failures = 0
-        last_failure = 0.0
-        while self._current(part, generation):
-            try:
-                await self._session(part, generation)
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if time.monotonic() - last_failure > 60:
-                    failures = 0  # a new incident
-                last_failure = time.monotonic()
-                failures += 1
-                if failures in (1, 10) or failures % 100 == 0:
-                    log.warning(
-                        "fetching %s/%d from NATS failed (%d in a row): %s: %s",
-                        part.topic, part.partition, failures, type(exc).__name__, exc,
-                    )
-                with self._cond:  # fetched again from the position on
-                    if self._current(part, generation):
-                        part.buffer.clear()
-                await asyncio.sleep(min(2.0, 0.1 * failures))
 
     async def _session(self, part: _Partition, generation: int) -> None:
         """One pull consumer's life (see :meth:`_pump`): pull requests of up to
@@ -896,16 +503,6 @@ class NatsConsumer:
                 revision = self._lease_revision = renewed
                 self._lease_until = time.monotonic() + 0.8 * self.lease_seconds
 
-    async def _start_of(self, part: _Partition) -> int:
-        """Where a partition assigned without an offset starts: the committed
-        offset, else the log start."""
-        got = await self._read_commits([(part.topic, part.partition)])
-        entry = got.get((part.topic, part.partition))
-        if entry is not None:
-            return entry[0]
-        low, _high = await self._watermarks_of((part.topic, part.partition))
-        return low
-
     async def _watermarks_of(self, tp: TP) -> tuple[int, int]:
         info = await self._js.stream_info(stream_name(*tp))
         state = info.state
@@ -961,14 +558,6 @@ class NatsConsumer:
         with contextlib.suppress(Exception):
             await self._nc.close()
 
-
-def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
-    """Stop ``loop`` (running on ``thread``), join the thread, close the loop."""
-    if not loop.is_closed():
-        loop.call_soon_threadsafe(loop.stop)
-    thread.join(5)
-    if not thread.is_alive() and not loop.is_closed():
-        loop.close()
 
 
 def _request_ended(headers: dict[str, str]) -> bool:
@@ -1122,7 +711,7 @@ class NatsClient:
         try:
             self.nc: Any = self.call(connect(servers, connect_seconds), connect_seconds + 5)
         except BaseException:
-            _stop(self._loop, self._thread)
+            stop_loop(self._loop, self._thread)
             raise
         self.js: Any = self.nc.jetstream()
 
@@ -1213,7 +802,7 @@ class NatsClient:
         """Drain and close the connection, stop the thread."""
         with contextlib.suppress(Exception):
             self.call(self.nc.drain(), 10)
-        _stop(self._loop, self._thread)
+        stop_loop(self._loop, self._thread)
 
 
 def produce(

@@ -1,0 +1,581 @@
+"""The blocking :class:`~htmqc.ports.ConsumerPort` shared by the non-Kafka sources
+(:mod:`htmqc.sources.nats`, :mod:`htmqc.sources.rabbitmq`).
+
+Contract
+--------
+A :class:`PumpedConsumer` runs its client library on a private asyncio thread.
+Each assigned, unpaused partition has a *pump* task there that reads the
+partition's stream from its position on into a bounded buffer;
+:meth:`PumpedConsumer.consume` hands buffered messages out on the caller's
+thread, round robin over the partitions, and moves each partition's position
+one past the last message handed out. ``seek`` (and a new assignment) bump the
+partition's *generation*, drop its buffer and start a new pump from the new
+position; a pump of an older generation stops. ``pause`` hides the buffer and
+stops fetching. Commits are stored by the subclass (:meth:`_store_commits`) and
+their outcome is reported through ``on_commit(err, parts)`` inside a later
+``consume``, as confluent-kafka does. One member holds the group's *lease*
+(:meth:`_hold_lease`): until it does, nothing is assigned; while it is in
+doubt (``_lease_until`` passed), nothing is handed out; once lost,
+``consume`` raises.
+
+A subclass supplies the source's own parts: ``SOURCE`` and ``OPTION`` (names in
+messages), :meth:`_stream` and :meth:`_check_topic`, :meth:`partitions`,
+:meth:`_session` (one reading session of a pump), :meth:`_hold_lease`,
+:meth:`_read_commits`, :meth:`_store_commits`, :meth:`_watermarks_of`,
+:meth:`_lost_lease` and :meth:`_close`. No offset *decision* is taken here: the
+positions are the ones the runtime asks for and the ones handed out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import TopicPartition as KafkaTP
+
+from htmqc.errors import RuntimeFailure, UsageError
+
+log = logging.getLogger("htmqc.sources")
+
+T = TypeVar("T")
+
+#: librdkafka's "no offset" (``OFFSET_INVALID``).
+OFFSET_INVALID = -1001
+#: Kafka's CreateTime timestamp type.
+TIMESTAMP_CREATE_TIME = 1
+#: Messages one fetch asks for.
+FETCH_BATCH = 1000
+#: Messages a partition's buffer holds before its pump waits.
+BUFFER_MESSAGES = 4000
+#: Seconds a blocking call into the client thread waits at most.
+CALL_TIMEOUT = 30.0
+
+
+# -- messages -------------------------------------------------------------------------------
+
+
+class LogMessage:
+    """A consumed message as the runtime reads it (:class:`htmqc.ports.Message`).
+
+    ``offset()`` is the source's dense position; ``timestamp()`` is
+    ``(CreateTime, milliseconds)`` of the server's store time."""
+
+    __slots__ = ("_headers", "_key", "_offset", "_partition", "_topic", "_ts", "_value")
+
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, bytes]] | None,
+        timestamp_ms: int,
+    ) -> None:
+        self._topic = topic
+        self._partition = partition
+        self._offset = offset
+        self._key = key
+        self._value = value
+        self._headers = headers
+        self._ts = timestamp_ms
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> bytes | None:
+        return self._key
+
+    def value(self) -> bytes:
+        return self._value
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        return self._headers
+
+    def timestamp(self) -> tuple[int, int]:
+        return (TIMESTAMP_CREATE_TIME, self._ts)
+
+    def error(self) -> None:
+        return None
+
+    def __len__(self) -> int:
+        return len(self._value)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._topic}/{self._partition}@{self._offset})"
+
+
+# -- the consumer -----------------------------------------------------------------------------
+
+
+def _tp(topic: str, partition: int, offset: int, metadata: str | None) -> KafkaTP:
+    """A confluent-kafka ``TopicPartition`` (whose ``metadata`` may not be ``None``)."""
+    if metadata is None:
+        return KafkaTP(topic, partition, offset)
+    return KafkaTP(topic, partition, offset, metadata=metadata)
+
+
+TP = tuple[str, int]
+CommitCallback = Callable[[Any, list[KafkaTP]], None]
+RebalanceCallback = Callable[[Any, list[KafkaTP]], None]
+
+
+@dataclass(eq=False)
+class _Partition:
+    """One assigned partition: its fetch position and buffer (guarded by the
+    consumer's condition), its pump (on the client thread)."""
+
+    topic: str
+    partition: int
+    #: Next offset to hand out (``position``); ``None`` until known (assigned without one).
+    position: int | None
+    paused: bool = False
+    #: Bumped by every seek / unassign: a pump of an older generation stops.
+    generation: int = 0
+    buffer: deque[LogMessage] = field(default_factory=deque)
+    #: Set (on the client loop) to wake the pump.
+    wake: asyncio.Event | None = None
+    #: The pump waits for room or a resume.
+    idle: bool = False
+
+
+
+class PumpedConsumer:
+    """The blocking consumer port over a source's asyncio client (module docs).
+
+    ``group``: the name commits and the lease are kept under;
+    ``on_commit(err, partitions)``: the outcome of each asynchronous commit,
+    called on the thread that calls :meth:`consume`."""
+
+    #: The source's name in messages ("NATS") and its ``--source`` value ("nats").
+    SOURCE = ""
+    OPTION = ""
+
+    def __init__(
+        self,
+        group: str,
+        *,
+        on_commit: CommitCallback | None,
+        fetch_batch: int,
+        buffer_messages: int,
+        thread_name: str,
+    ) -> None:
+        self._lease_lost = False
+        #: Monotonic time until which the lease is surely ours (renewed in time).
+        self._lease_until = 0.0
+        self._lease_key: str | None = None
+        self.group = group
+        self.on_commit = on_commit
+        self.fetch_batch = fetch_batch
+        self.buffer_messages = max(buffer_messages, fetch_batch)
+        self._cond = threading.Condition()
+        self._parts: dict[TP, _Partition] = {}
+        self._acks: deque[tuple[Any, list[KafkaTP]]] = deque()
+        self._callbacks: tuple[RebalanceCallback | None, ...] = (None, None, None)
+        self._to_assign: list[KafkaTP] | None = None
+        self._watermarks: dict[TP, tuple[int, int]] = {}
+        self._rotate = 0
+        self._closed = False
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name=thread_name, daemon=True
+        )
+        self._thread.start()
+        self._commit_lock: asyncio.Lock | None = None
+        self._pumps: set[asyncio.Task[None]] = set()
+
+    # -- what a source supplies ---------------------------------------------------------------
+
+    def _stream(self, topic: str, partition: int) -> str:
+        """The name of ``topic``'s ``partition``'s stream."""
+        raise NotImplementedError
+
+    def _check_topic(self, topic: str) -> None:
+        """:raises UsageError: ``topic`` cannot name the source's streams."""
+        raise NotImplementedError
+
+    def partitions(self, topic: str) -> int:
+        """How many partitions ``topic`` has (0: none)."""
+        raise NotImplementedError
+
+    def _lost_lease(self) -> RuntimeFailure:
+        """The failure :meth:`consume` raises once the lease is lost."""
+        raise NotImplementedError
+
+    async def _session(self, part: _Partition, generation: int) -> None:
+        """Fetch ``part`` from its position into its buffer while ``generation``
+        is current (returns then); raises to start over from the position."""
+        raise NotImplementedError
+
+    async def _hold_lease(self, parts: list[KafkaTP]) -> None:
+        """Take the lease (waiting as a standby), set ``_lease_until`` and
+        ``_to_assign = parts``; keep it until :meth:`close`, setting
+        ``_lease_lost`` if it goes."""
+        raise NotImplementedError
+
+    async def _watermarks_of(self, tp: TP) -> tuple[int, int]:
+        """``(low, high)`` of a partition, also kept in ``_watermarks``."""
+        raise NotImplementedError
+
+    async def _read_commits(self, tps: Iterable[TP]) -> dict[TP, tuple[int, str | None]]:
+        """The group's stored commits ``(offset, metadata)`` of ``tps`` that exist."""
+        raise NotImplementedError
+
+    async def _store_commits(self, parts: Sequence[KafkaTP]) -> None:
+        """Store ``parts`` durably (returns once stored)."""
+        raise NotImplementedError
+
+    async def _close(self) -> None:
+        """Stop the pumps, release the lease, close the connection(s)."""
+        raise NotImplementedError
+
+    # -- the client thread ----------------------------------------------------------------------
+
+    def _submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float = CALL_TIMEOUT) -> T:
+        """Run ``coro`` on the client thread and wait for it (at most ``timeout`` s)."""
+        return self._submit(coro).result(timeout if timeout >= 0 else None)
+
+    def _stop_loop(self) -> None:
+        stop_loop(self._loop, self._thread)
+
+    # -- ConsumerPort ---------------------------------------------------------------------------
+
+    def subscribe(
+        self,
+        topics: list[str],
+        on_assign: RebalanceCallback | None = None,
+        on_revoke: RebalanceCallback | None = None,
+        on_lost: RebalanceCallback | None = None,
+    ) -> None:
+        """Take ``topics[0]``'s partitions: once this member holds the group's
+        lease, ``on_assign`` gets them all inside a :meth:`consume` (module docs:
+        one member; a second one waits as a standby).
+
+        :raises UsageError: more than one topic, a bad name, or no such topic.
+        """
+        if len(topics) != 1:
+            raise UsageError(
+                f"a {self.SOURCE} source consumes one topic",
+                f"drop --retry-topic with --source {self.OPTION}",
+            )
+        topic = topics[0]
+        self._check_topic(topic)
+        count = self.partitions(topic)
+        if count == 0:
+            raise UsageError(
+                f"topic {topic!r} has no streams {self._stream(topic, 0)}, ... on {self.SOURCE}",
+                "create them (pass --create-topic PARTITIONS)",
+            )
+        self._callbacks = (on_assign, on_revoke, on_lost)
+        self._lease_key = f"{self.group}.{topic}"
+        parts = [KafkaTP(topic, p) for p in range(count)]
+        self._loop.call_soon_threadsafe(self._track, self._hold_lease(parts))
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Any]:
+        """Up to ``num_messages`` messages of the unpaused partitions, waiting at
+        most ``timeout`` seconds (negative: until some arrive) for the first.
+        Rebalance and commit callbacks run here first. Nothing is handed out
+        while the lease is in doubt (not renewed within 80 % of its life).
+
+        :raises RuntimeFailure: another member took the lease (this one could
+            not renew it in time): the run must stop.
+        """
+        self._callbacks_due()
+        out = self._take(num_messages)
+        if out or timeout == 0:
+            return out
+        deadline = None if timeout < 0 else time.monotonic() + timeout
+        with self._cond:
+            while not self._closed:
+                if self._acks or self._to_assign is not None or self._lease_lost:
+                    break
+                if time.monotonic() < self._lease_until and any(
+                    p.buffer and not p.paused for p in self._parts.values()
+                ):
+                    break
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._cond.wait(left)
+        self._callbacks_due()
+        return self._take(num_messages)
+
+    def _callbacks_due(self) -> None:
+        if self._lease_lost:
+            raise self._lost_lease()
+        with self._cond:
+            parts = self._to_assign
+            self._to_assign = None
+        if parts is not None:
+            on_assign = self._callbacks[0]
+            if on_assign is not None:
+                on_assign(self, parts)
+            else:
+                self.incremental_assign(parts)
+        while self._acks:
+            err, parts = self._acks.popleft()
+            if self.on_commit is not None:
+                self.on_commit(err, parts)
+
+    def _take(self, num: int) -> list[Any]:
+        out: list[Any] = []
+        wake: list[_Partition] = []
+        with self._cond:
+            if time.monotonic() >= self._lease_until:
+                return out  # the lease is in doubt (or not taken yet)
+            parts = [p for p in self._parts.values() if p.buffer and not p.paused]
+            if not parts:
+                return out
+            self._rotate = (self._rotate + 1) % len(parts)
+            for part in parts[self._rotate:] + parts[: self._rotate]:
+                room = num - len(out)
+                if room <= 0:
+                    break
+                buf = part.buffer
+                before = len(buf)
+                if before <= room:
+                    out.extend(buf)
+                    buf.clear()
+                else:
+                    out.extend(buf.popleft() for _ in range(room))
+                part.position = out[-1].offset() + 1
+                if part.idle and before > len(buf):
+                    part.idle = False
+                    wake.append(part)
+        for part in wake:
+            self._wake(part)
+        return out
+
+    def _wake(self, part: _Partition) -> None:
+        event = part.wake
+        if event is not None:
+            self._loop.call_soon_threadsafe(event.set)
+
+    def incremental_assign(self, partitions: list[KafkaTP]) -> None:
+        """Take ``partitions``, each at its offset if given (``>= 0``), else at the
+        group's committed offset, else at the log start."""
+        for p in partitions:
+            tp = (p.topic, p.partition)
+            with self._cond:
+                if tp in self._parts:
+                    continue
+                offset = p.offset if p.offset is not None and p.offset >= 0 else None
+                part = self._parts[tp] = _Partition(p.topic, p.partition, offset)
+            self._loop.call_soon_threadsafe(self._start_pump, part, part.generation)
+
+    def incremental_unassign(self, partitions: list[KafkaTP]) -> None:
+        """Let go of ``partitions`` (their pumps stop, buffers dropped)."""
+        with self._cond:
+            for p in partitions:
+                part = self._parts.pop((p.topic, p.partition), None)
+                if part is not None:
+                    part.generation += 1
+                    part.buffer.clear()
+                    self._wake(part)
+
+    def pause(self, partitions: list[KafkaTP]) -> None:
+        """Hand out nothing of ``partitions`` and stop fetching them."""
+        with self._cond:
+            for p in partitions:
+                part = self._parts.get((p.topic, p.partition))
+                if part is not None:
+                    part.paused = True
+
+    def resume(self, partitions: list[KafkaTP]) -> None:
+        """Undo :meth:`pause`."""
+        with self._cond:
+            for p in partitions:
+                part = self._parts.get((p.topic, p.partition))
+                if part is not None and part.paused:
+                    part.paused = False
+                    self._wake(part)
+            self._cond.notify_all()
+
+    def seek(self, partition: KafkaTP) -> None:
+        """Fetch ``partition`` from its offset on: the buffer is dropped and a new
+        pull consumer starts at that sequence.
+
+        :raises KafkaException: the partition is not assigned (as librdkafka).
+        """
+        tp = (partition.topic, partition.partition)
+        offset = partition.offset
+        with self._cond:
+            part = self._parts.get(tp)
+            if part is None or offset is None or offset < 0:
+                raise KafkaException(
+                    KafkaError(KafkaError._STATE, f"cannot seek {tp[0]}/{tp[1]} to {offset}")
+                )
+            part.generation += 1
+            part.buffer.clear()
+            part.position = offset
+            generation = part.generation
+            self._wake(part)
+        self._loop.call_soon_threadsafe(self._start_pump, part, generation)
+
+    def position(self, partitions: list[KafkaTP]) -> list[KafkaTP]:
+        """Each partition's next offset to hand out (``OFFSET_INVALID`` if unknown)."""
+        out = []
+        with self._cond:
+            for p in partitions:
+                part = self._parts.get((p.topic, p.partition))
+                pos = part.position if part is not None else None
+                out.append(KafkaTP(p.topic, p.partition, OFFSET_INVALID if pos is None else pos))
+        return out
+
+    def committed(self, partitions: list[KafkaTP], timeout: float = -1) -> list[KafkaTP]:
+        """The group's stored commits (offset and metadata), ``OFFSET_INVALID`` where none."""
+        wait = CALL_TIMEOUT if timeout < 0 else timeout
+        got = self._call(self._read_commits([(p.topic, p.partition) for p in partitions]), wait)
+        out = []
+        for p in partitions:
+            entry = got.get((p.topic, p.partition))
+            if entry is None:
+                out.append(KafkaTP(p.topic, p.partition, OFFSET_INVALID))
+            else:
+                out.append(_tp(p.topic, p.partition, entry[0], entry[1]))
+        return out
+
+    def commit(self, *args: Any, **kwargs: Any) -> Any:
+        """Store ``offsets=[TopicPartition(topic, partition, offset, metadata=...)]``.
+        ``asynchronous=True`` (default, as confluent-kafka): the outcome comes to
+        ``on_commit`` inside a later :meth:`consume`; ``False``: wait and return
+        the partitions.
+
+        :raises KafkaException: a synchronous commit failed.
+        :raises ValueError: no ``offsets`` (committing a message or the current
+            positions is not supported).
+        """
+        offsets = kwargs.get("offsets", args[0] if args else None)
+        if not offsets:
+            raise ValueError(f"{type(self).__name__}.commit needs offsets=[...]")
+        parts = [_tp(p.topic, p.partition, p.offset, p.metadata) for p in offsets]
+        future = self._submit(self._store_commits(parts))
+        if kwargs.get("asynchronous", True):
+
+            def done(f: Future[None]) -> None:
+                exc = f.exception()
+                err = None if exc is None else KafkaError(KafkaError._TRANSPORT, str(exc))
+                with self._cond:
+                    self._acks.append((err, parts))
+                    self._cond.notify_all()
+
+            future.add_done_callback(done)
+            return None
+        try:
+            future.result(CALL_TIMEOUT)
+        except Exception as exc:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, str(exc))) from None
+        return parts
+
+    def get_watermark_offsets(
+        self, partition: KafkaTP, timeout: float = -1, cached: bool = False
+    ) -> tuple[int, int] | None:
+        """``(low, high)``: ``first_seq - 1`` and ``last_seq`` of the partition's
+        stream. ``cached``: the last value read (refreshed in the background),
+        ``None`` before the first."""
+        tp = (partition.topic, partition.partition)
+        if cached:
+            self._submit(self._watermarks_of(tp))
+            return self._watermarks.get(tp)
+        wait = CALL_TIMEOUT if timeout < 0 else timeout
+        return self._call(self._watermarks_of(tp), wait)
+
+    def close(self) -> None:
+        """Stop every pump, delete their pull consumers, drain and close the
+        connection. Idempotent."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            for part in self._parts.values():
+                part.generation += 1
+                self._wake(part)
+            self._parts.clear()
+            self._cond.notify_all()
+        with contextlib.suppress(Exception):
+            self._call(self._close(), 10)
+        self._stop_loop()
+
+
+    # -- coroutines (client thread) ------------------------------------------------------------
+
+    def _start_pump(self, part: _Partition, generation: int) -> None:
+        if part.wake is None:
+            part.wake = asyncio.Event()
+        self._track(self._pump(part, generation))
+
+    def _track(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` as a task :meth:`close` cancels and waits for."""
+        task = self._loop.create_task(coro)
+        self._pumps.add(task)
+        task.add_done_callback(self._pumps.discard)
+
+    def _current(self, part: _Partition, generation: int) -> bool:
+        return not self._closed and part.generation == generation
+
+    async def _pump(self, part: _Partition, generation: int) -> None:
+        """Fetch ``part`` into its buffer while ``generation`` is current: one
+        *session* (an inbox subscription and an ephemeral pull consumer from the
+        position on) at a time; a failure ends the session, drops the buffer and
+        starts another from the position after a backoff."""
+        failures = 0
+        last_failure = 0.0
+        while self._current(part, generation):
+            try:
+                await self._session(part, generation)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if time.monotonic() - last_failure > 60:
+                    failures = 0  # a new incident
+                last_failure = time.monotonic()
+                failures += 1
+                if failures in (1, 10) or failures % 100 == 0:
+                    log.warning(
+                        "fetching %s/%d failed (%d in a row): %s: %s",
+                        part.topic, part.partition, failures, type(exc).__name__, exc,
+                    )
+                with self._cond:  # fetched again from the position on
+                    if self._current(part, generation):
+                        part.buffer.clear()
+                await asyncio.sleep(min(2.0, 0.1 * failures))
+
+    async def _start_of(self, part: _Partition) -> int:
+        """Where a partition assigned without an offset starts: the committed
+        offset, else the log start."""
+        got = await self._read_commits([(part.topic, part.partition)])
+        entry = got.get((part.topic, part.partition))
+        if entry is not None:
+            return entry[0]
+        low, _high = await self._watermarks_of((part.topic, part.partition))
+        return low
+
+
+
+def stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    """Stop ``loop`` (running on ``thread``), join the thread, close the loop."""
+    if not loop.is_closed():
+        loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+    if not thread.is_alive() and not loop.is_closed():
+        loop.close()
+
