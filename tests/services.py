@@ -100,3 +100,14 @@ def require_nats_server() -> str:
     if path is None:
         missing("nats-server is not installed (Debian package nats-server)")
     return path
+
+
+def require_rabbitmq_server() -> str:
+    """The ``rabbitmq-server`` start script (Debian package ``rabbitmq-server``), or
+    skip/fail. Tests start their own node with it (:mod:`htmqc.sources.rabbitmq_server`)."""
+    from htmqc.sources.rabbitmq_server import rabbitmq_server_binary
+
+    path = rabbitmq_server_binary()
+    if path is None:
+        missing("rabbitmq-server is not installed (Debian package rabbitmq-server)")
+    return path

@@ -5,7 +5,9 @@ Contract
 * Installs what is missing from Debian's packages (``apt-get``), once, and only then:
   PostgreSQL, Redis, Prometheus (``prometheus`` and ``promtool``), Chromium, a JRE, Maven and
   ``nats-server`` (NATS with JetStream; never started here: the tests and benchmarks of
-  ``--source nats`` start their own, on a free port, with ``htmqc.sources.nats_server``).
+  ``--source nats`` start their own, on a free port, with ``htmqc.sources.nats_server``) and
+  ``rabbitmq-server`` (likewise never started here: ``--source rabbitmq-stream``'s tests
+  start a private node with ``htmqc.sources.rabbitmq_server``).
 * Starts the services on loopback, if they are not answering already:
   - PostgreSQL on 127.0.0.1:5432, trust authentication from 127.0.0.1 and ::1 only, a
     superuser role named after the user running this (and ``postgres``), database ``test``;
@@ -80,6 +82,7 @@ PACKAGES: dict[str, Package] = {
     "java": Package("openjdk-17-jre-headless", ("java",)),
     "maven": Package("maven", ("mvn",)),
     "nats": Package("nats-server", ("nats-server", "/usr/sbin/nats-server")),
+    "rabbitmq": Package("rabbitmq-server", ("/usr/lib/rabbitmq/bin/rabbitmq-server",)),
 }
 
 
@@ -290,6 +293,7 @@ STEPS: dict[str, tuple[tuple[str, ...], Callable[[], None] | None]] = {
     "spark-kafka": (("java", "maven"), spark_kafka),
     "apicurio": (("java", "maven"), apicurio),
     "nats": (("nats",), None),
+    "rabbitmq": (("rabbitmq",), None),
 }
 
 

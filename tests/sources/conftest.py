@@ -1,8 +1,10 @@
 """A private NATS JetStream server per test module (``nats-server -js`` on a free
-port, a temporary store; stopped and removed afterwards), and fresh topics on it.
+port, a temporary store; stopped and removed afterwards), a private RabbitMQ node
+with streams per test session (:mod:`htmqc.sources.rabbitmq_server`, ~3-5 s to
+start), and fresh topics on them.
 
-A missing ``nats-server`` or ``nats-py`` skips on a developer's machine and fails
-under ``CI=true`` (:mod:`tests.services`)."""
+A missing ``nats-server``, ``rabbitmq-server``, ``nats-py``, ``rstream`` or ``pika``
+skips on a developer's machine and fails under ``CI=true`` (:mod:`tests.services`)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from htmqc.sources.nats_server import NatsServer, start_nats
-from tests.services import require_module, require_nats_server
+from htmqc.sources.rabbitmq_server import RabbitServer, start_rabbitmq
+from tests.services import require_module, require_nats_server, require_rabbitmq_server
 
 TopicFactory = Callable[..., str]
 
@@ -23,6 +26,16 @@ def nats_server() -> Iterator[NatsServer]:
     binary = require_nats_server()
     require_module("nats")
     with start_nats(binary=binary) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_server() -> Iterator[RabbitServer]:
+    """A running RabbitMQ node with the stream plugin for the session's tests."""
+    binary = require_rabbitmq_server()
+    require_module("rstream")
+    require_module("pika")
+    with start_rabbitmq(binary=binary) as server:
         yield server
 
 

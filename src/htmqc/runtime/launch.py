@@ -9,6 +9,7 @@ a message.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import threading
@@ -23,7 +24,7 @@ from htmqc.logs import LIBRDKAFKA_LOGGER, flush_repeats, limit_repeats
 from htmqc.runtime.decode import wants_decoding
 from htmqc.runtime.handlers import check_handler
 from htmqc.runtime.loop import Engine
-from htmqc.runtime.options import EXACTLY_ONCE, NATS, RunOptions
+from htmqc.runtime.options import EXACTLY_ONCE, NATS, RABBITMQ_STREAM, RunOptions
 from htmqc.runtime.retry_topic import retry_topic
 from htmqc.runtime.subscription import Subscription
 
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("htmqc.runtime")
 
-#: ``--source nats`` (:data:`htmqc.runtime.options.SOURCES`).
 
 
 def load_handler(spec: str) -> Callable[..., Any]:
@@ -169,8 +169,8 @@ def build_engine(
     with ExitStack() as opened:
         if decoders is not None:
             opened.callback(_quietly, decoders.close)
-        if options.source == NATS:
-            built = build_nats_engine(handler, options, metrics=metrics, decoders=decoders)
+        if options.source in STREAM_SOURCES:
+            built = build_stream_engine(handler, options, metrics=metrics, decoders=decoders)
         else:
             built = _build_kafka_engine(handler, options, metrics, decoders, opened)
         opened.pop_all()
@@ -316,70 +316,104 @@ class CreatingProducer:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._producer, name)
-def check_nats_options(options: RunOptions) -> None:
-    """Refuse what does not apply to a NATS source, one line each (before anything
-    connects).
+#: The non-Kafka sources: ``--source`` value -> (name in messages, its module).
+STREAM_SOURCES = {NATS: ("NATS", "nats"), RABBITMQ_STREAM: ("RabbitMQ", "rabbitmq")}
 
-    :raises UsageError: exactly-once without a SQL sink, a ``kafka:`` sink,
-        ``--retry-topic``, ``--kafka-config``, ``--group-protocol consumer``,
-        ``--member-id``, or a topic or group NATS cannot name.
+
+def check_stream_options(options: RunOptions) -> None:
+    """Refuse what does not apply to a non-Kafka source (``--source nats`` or
+    ``rabbitmq-stream``), one line each, before anything connects.
+
+    :raises UsageError: a bad ``--bootstrap``, a topic or group the source cannot
+        name, exactly-once without a SQL sink, a ``kafka:`` sink, ``--retry-topic``,
+        ``--kafka-config``, ``--group-protocol consumer`` or ``--member-id``.
     """
     from htmqc.sinks.urls import parse_sink_url
-    from htmqc.sources.nats import check_name, servers_of
 
-    servers_of(options.bootstrap)
-    check_name("topic", options.topic)
-    check_name("group", options.group)
+    name, module = STREAM_SOURCES[options.source]
+    source = options.source
+    adapter = importlib.import_module(f"htmqc.sources.{module}")
+    adapter.check_name("topic", options.topic)
+    adapter.check_name("group", options.group)
+    if source == NATS:
+        adapter.servers_of(options.bootstrap)
+    else:
+        adapter.endpoint_of(options.bootstrap)
     if options.mode == EXACTLY_ONCE and not options.sink:
         raise UsageError(
             "exactly-once needs a sink", "pass --sink sqlite:///PATH (or postgresql://...)"
         )
     if options.sink and parse_sink_url(options.sink).kind == "kafka":
         raise UsageError(
-            "a kafka: sink cannot commit a NATS source's positions atomically",
-            "use --sink sqlite:///PATH or postgresql://... with --source nats",
+            f"a kafka: sink cannot commit a {name} source's positions atomically",
+            f"use --sink sqlite:///PATH or postgresql://... with --source {source}",
         )
     if options.retry_topic:
         raise UsageError(
-            "--retry-topic is not supported with --source nats",
+            f"--retry-topic is not supported with --source {source}",
             "drop --retry-topic (backoffs wait in memory)",
         )
     if options.kafka_config:
         raise UsageError(
-            "--kafka-config (librdkafka settings) does not apply to --source nats",
+            f"--kafka-config (librdkafka settings) does not apply to --source {source}",
             "drop the [kafka] settings and HTMQC_KAFKA_* variables",
         )
     if options.group_protocol != "classic":
         raise UsageError(
-            "--group-protocol does not apply to --source nats (one member, no group protocol)",
+            f"--group-protocol does not apply to --source {source} (one member, no group "
+            "protocol)",
             "drop --group-protocol",
         )
     if options.member_id:
         raise UsageError(
-            "--member-id does not apply to --source nats (no static membership, no Kafka "
-            "transactions)",
+            f"--member-id does not apply to --source {source} (no static membership, no "
+            "Kafka transactions)",
             "drop --member-id",
         )
 
 
-def build_nats_engine(
+def check_nats_options(options: RunOptions) -> None:
+    """:func:`check_stream_options` as ``--source nats``."""
+    check_stream_options(dataclasses.replace(options, source=NATS))
+
+
+def check_rabbitmq_options(options: RunOptions) -> None:
+    """:func:`check_stream_options` as ``--source rabbitmq-stream``."""
+    check_stream_options(dataclasses.replace(options, source=RABBITMQ_STREAM))
+
+
+def build_stream_engine(
     handler: Callable[..., Any],
     options: RunOptions,
     *,
     metrics: Metrics | None = None,
     decoders: Any = None,
 ) -> Engine:
-    """:func:`build_engine` for ``--source nats``: the options checked
-    (:func:`check_nats_options`), the topic's streams made sure of (created with
-    ``--create-topic``), the sink opened, a
-    :class:`~htmqc.sources.nats.NatsConsumer` built; dead letters of
-    at-least-once go to the stream ``TOPIC-dlq``
-    (:class:`~htmqc.sources.nats.NatsProducer`)."""
+    """:func:`build_engine` for a non-Kafka source: the options checked
+    (:func:`check_stream_options`), the topic's streams made sure of (created with
+    ``--create-topic``), the sink opened, the adapter's consumer built
+    (:class:`~htmqc.sources.nats.NatsConsumer`,
+    :class:`~htmqc.sources.rabbitmq.RabbitStreamConsumer`); dead letters of
+    at-least-once go to the source's own streams (its producer class)."""
     from htmqc.sinks import open_sink
-    from htmqc.sources.nats import NatsClient, NatsConsumer, NatsProducer, stream_name
 
-    check_nats_options(options)
-    client = NatsClient(options.bootstrap, options.connect_seconds)
+    check_stream_options(options)
+    if options.source == NATS:
+        from htmqc.sources.nats import NatsClient as Client
+        from htmqc.sources.nats import NatsConsumer as Consumer
+        from htmqc.sources.nats import NatsProducer as Producer
+        from htmqc.sources.nats import stream_name
+    else:
+        from htmqc.sources.rabbitmq import RabbitStreamClient as Client  # type: ignore[assignment]
+        from htmqc.sources.rabbitmq import (  # type: ignore[assignment]
+            RabbitStreamConsumer as Consumer,
+        )
+        from htmqc.sources.rabbitmq import (  # type: ignore[assignment]
+            RabbitStreamProducer as Producer,
+        )
+        from htmqc.sources.rabbitmq import stream_name
+
+    client = Client(options.bootstrap, options.connect_seconds)
     try:
         if client.partitions(options.topic) == 0:
             if options.create_topic is None:
@@ -398,7 +432,7 @@ def build_nats_engine(
         sink.open(options.group)
     engine: list[Engine] = []
     try:
-        consumer = NatsConsumer(
+        consumer = Consumer(
             options.bootstrap,
             options.group,
             on_commit=lambda err, parts: engine[0].on_commit(err, parts),
@@ -414,7 +448,7 @@ def build_nats_engine(
             options,
             consumer,
             sink=sink,
-            producer_factory=lambda: NatsProducer(options.bootstrap, options.topic),
+            producer_factory=lambda: Producer(options.bootstrap, options.topic),
             metrics=metrics,
             error_kinds=load_error_kinds(options),
             decoders=decoders,

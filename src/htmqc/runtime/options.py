@@ -33,8 +33,11 @@ FORMATS = ("bytes", "json", "avro", "protobuf", "json-schema")
 #: ``--source``: the log consumed. ``kafka`` (confluent-kafka), or ``nats``: NATS
 #: JetStream through :class:`htmqc.sources.nats.NatsConsumer` (one stream per
 #: partition, a single member; ``--bootstrap nats://HOST:PORT``).
-KAFKA, NATS = "kafka", "nats"
-SOURCES = (KAFKA, NATS)
+#: ``rabbitmq-stream``: RabbitMQ streams through
+#: :class:`htmqc.sources.rabbitmq.RabbitStreamConsumer` (one stream per partition, a
+#: single member; ``--bootstrap rabbitmq-stream://HOST:PORT``).
+KAFKA, NATS, RABBITMQ_STREAM = "kafka", "nats", "rabbitmq-stream"
+SOURCES = (KAFKA, NATS, RABBITMQ_STREAM)
 
 #: ``--profile``: defaults tuned for a goal. An option given on the command line,
 #: in the environment or in ``--config`` wins over its profile's value.
@@ -140,7 +143,11 @@ class RunOptions:
     sink, and at-least-once, which throttles from half of it).
     ``source`` (:data:`SOURCES`): ``nats`` consumes NATS JetStream streams
     ``TOPIC-0`` .. ``TOPIC-(N-1)`` (:mod:`htmqc.sources.nats`) as one member,
-    at-least-once commits in a KV bucket, exactly-once into a SQL sink.
+    at-least-once commits in a KV bucket, exactly-once into a SQL sink;
+    ``rabbitmq-stream`` consumes RabbitMQ streams named the same way
+    (:mod:`htmqc.sources.rabbitmq`), at-least-once commits by the streams' offset
+    tracking (one number: the finished-above set is not kept), exactly-once into
+    a SQL sink.
     ``retry_topic``: backoffs of at least ``retry_topic_ms`` wait in
     ``<topic>.retry`` instead of in memory (:mod:`htmqc.runtime.retry_topic`).
     Flow: ``flow`` (:data:`FLOWS`), ``min_in_flight``, ``latency_target_ms``
@@ -156,7 +163,8 @@ class RunOptions:
     """
 
     bootstrap: str = opt(
-        help="Kafka bootstrap servers HOST:PORT (nats://HOST:PORT with --source nats)"
+        help="Kafka bootstrap servers HOST:PORT (nats://HOST:PORT with --source nats, "
+        "rabbitmq-stream://HOST:PORT with --source rabbitmq-stream)"
     )
     topic: str = opt(
         help="the topic to consume; several: a,b,c; a pattern: ^regex (librdkafka's "
@@ -322,8 +330,9 @@ class RunOptions:
         "it is throttled", limits=(MIN_LIMIT, 2**31 - 1, True),
     )  # fmt: skip
     source: str = opt(
-        "kafka", "the log to consume: kafka, or nats (JetStream, one member; "
-        "--bootstrap nats://HOST:PORT)", choices=SOURCES,
+        "kafka", "the log to consume: kafka, nats (JetStream, one member; "
+        "--bootstrap nats://HOST:PORT), or rabbitmq-stream (RabbitMQ streams, one "
+        "member; --bootstrap rabbitmq-stream://HOST:PORT)", choices=SOURCES,
     )  # fmt: skip
 
 

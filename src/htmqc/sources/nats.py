@@ -92,7 +92,6 @@ from collections.abc import Coroutine, Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from confluent_kafka import KafkaError
 from confluent_kafka import TopicPartition as KafkaTP
 
 from htmqc.errors import RuntimeFailure, UsageError
@@ -102,6 +101,7 @@ from htmqc.sources.pumped import (
     FETCH_BATCH,
     TP,
     CommitCallback,
+    Deliveries,
     LogMessage,
     PumpedConsumer,
     _Partition,
@@ -847,7 +847,7 @@ def _header_text(value: bytes | None) -> str:
     return text.replace("\r", "\\r").replace("\n", "\\n")
 
 
-class NatsProducer:
+class NatsProducer(Deliveries):
     """The dead-letter producer of a NATS source (:class:`~htmqc.ports.ProducerPort`):
     ``produce(TOPIC.dlq, ...)`` publishes to the subject ``TOPIC.dlq`` (or
     ``TOPIC.dlq.poison``), stored by the stream ``TOPIC-dlq`` (created if
@@ -856,9 +856,8 @@ class NatsProducer:
     def __init__(self, bootstrap: str, topic: str) -> None:
         from htmqc.dlq.record import dlq_topic, poison_topic
 
+        super().__init__()
         self.client = NatsClient(bootstrap)
-        self._pending: list[Future[Any]] = []
-        self._lock = threading.Lock()
         subjects = [dlq_topic(topic), poison_topic(topic)]
 
         async def ensure() -> None:
@@ -881,34 +880,8 @@ class NatsProducer:
         headers = {name: _header_text(v) for name, v in (kwargs.get("headers") or [])}
         if key is not None:
             headers[KEY_HEADER] = _header_text(key)
-        callback = kwargs.get("on_delivery")
         future = self.client.submit(self.client.js.publish(topic, value or b"", headers=headers))
-        if callback is not None:
-            future.add_done_callback(
-                lambda f: callback(
-                    None if f.exception() is None
-                    else KafkaError(KafkaError._MSG_TIMED_OUT, str(f.exception())),
-                    None,
-                )
-            )
-        with self._lock:
-            self._pending.append(future)
-
-    def flush(self, timeout: float = -1) -> int:
-        """Wait for every published record's ack; return how many are still unacked."""
-        with self._lock:
-            pending, self._pending = self._pending, []
-        deadline = None if timeout < 0 else time.monotonic() + timeout
-        left = 0
-        for future in pending:
-            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                future.result(wait)
-            except TimeoutError:
-                left += 1
-            except Exception:
-                pass  # reported through on_delivery
-        return left
+        self.track(future, kwargs.get("on_delivery"))
 
     def close(self) -> None:
         """Close the connection."""

@@ -579,3 +579,42 @@ def stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None
     if not thread.is_alive() and not loop.is_closed():
         loop.close()
 
+
+
+class Deliveries:
+    """The delivery side of a source's dead-letter producer: each publish is a
+    future on the client thread; ``on_delivery(err, None)`` is called when it
+    settles and :meth:`flush` waits for them."""
+
+    def __init__(self) -> None:
+        self._pending: list[Future[Any]] = []
+        self._lock = threading.Lock()
+
+    def track(self, future: Future[Any], callback: Callable[[Any, None], None] | None) -> None:
+        """Keep ``future`` for :meth:`flush`; tell ``callback`` its outcome."""
+        if callback is not None:
+            future.add_done_callback(
+                lambda f: callback(
+                    None if f.exception() is None
+                    else KafkaError(KafkaError._MSG_TIMED_OUT, str(f.exception())),
+                    None,
+                )
+            )
+        with self._lock:
+            self._pending.append(future)
+
+    def flush(self, timeout: float = -1) -> int:
+        """Wait for every published record's ack; return how many are still unacked."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        deadline = None if timeout < 0 else time.monotonic() + timeout
+        left = 0
+        for future in pending:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                future.result(wait)
+            except TimeoutError:
+                left += 1
+            except Exception:
+                pass  # reported through on_delivery
+        return left
