@@ -1,0 +1,195 @@
+"""``htmqc run --source rabbitmq-stream`` end to end: the same core and runtime over
+RabbitMQ streams, in subprocesses, against a private node (tests/sources/conftest.py).
+
+* at-least-once over a 4-partition topic across a SIGKILL, with a standby started
+  before the kill: nothing lost, the standby takes the dead member's lease (its
+  AMQP connection went with it), starts at the tracked offsets, and the
+  duplicates are exactly the killed process's uncommitted window (offset tracking
+  keeps one number, so the work finished above the watermark is in that window);
+* exactly-once into SQLite across a SIGKILL mid-transaction: every effect stored
+  exactly once, and the restart resumes at the sink's positions;
+* offsets deleted by retention (the head of a small stream) are a gap: the rest is
+  stored exactly once and the positions reach the log end;
+* at-least-once dead letters are published to the stream ``TOPIC.dlq``.
+
+The audit helpers are the Kafka tests' (tests/runtime/test_run_broker.py,
+test_modes_broker.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from htmqc.sources.rabbitmq import RabbitStreamClient, convert, produce
+from htmqc.sources.rabbitmq_server import RabbitServer
+from tests.runtime.test_modes_broker import assigned_starts, audit_sigkill_restart, kill
+from tests.runtime.test_run_broker import (
+    effect_ids,
+    exactly_once_args,
+    finish,
+    htmqc_run,
+    stored,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow
+HANDLERS = "tests.runtime.handlers"
+
+
+@pytest.fixture
+def client(rabbitmq_server: RabbitServer) -> Iterator[RabbitStreamClient]:
+    c = RabbitStreamClient(rabbitmq_server.url)
+    yield c
+    c.close()
+
+
+def rabbit(*args: str) -> list[str]:
+    """``htmqc run`` arguments after the handler, with ``--source rabbitmq-stream``."""
+    return ["--source", "rabbitmq-stream", *args]
+
+
+def positions(db: Path) -> dict[int, int]:
+    """Partition -> committed offset stored in the sink."""
+    with sqlite3.connect(db) as conn:
+        return {
+            p: c for p, c in conn.execute('SELECT "partition", committed FROM htmqc_positions')
+        }
+
+
+def test_at_least_once_across_sigkill_a_standby_takes_over_and_loses_nothing(
+    rabbitmq_server: RabbitServer,
+    client: RabbitStreamClient,
+    topic_name: Callable[[], str],
+    tmp_path: Path,
+) -> None:
+    url, topic, n, group = rabbitmq_server.url, topic_name(), 5000, "g-alo"
+    produce(url, topic, n, partitions=4, client=client)
+    out1, out2 = tmp_path / "first.txt", tmp_path / "second.txt"
+    log1, log2 = tmp_path / "first.log", tmp_path / "second.log"
+    args = [f"{HANDLERS}:log_order", *rabbit("--group", group)]
+
+    def committed() -> int:
+        return sum(client.committed(group, topic, p) or 0 for p in range(4))
+
+    first = htmqc_run(url, topic, *args, env={"HTMQC_TEST_OUT": str(out1)}, log=log1)
+    second = None
+    try:
+        wait_for(lambda: committed() >= 200, 60, "the first commits")
+        second = htmqc_run(
+            url, topic, *args, "--idle-exit", "2", env={"HTMQC_TEST_OUT": str(out2)}, log=log2
+        )
+        wait_for(lambda: "waiting as a standby" in log2.read_text(), 30, "the standby")
+        wait_for(lambda: committed() >= 1600, 60, "more commits")
+    finally:
+        kill(first)
+    assert second is not None
+    assert finish(second, 90) == 0, log2.read_text()[-2000:]
+    assert not out2.exists() or out2.stat().st_size > 0
+    audit_sigkill_restart(out1, out2, log2, topic, n)
+    assert committed() == n
+
+
+def test_exactly_once_into_sqlite_across_sigkill(
+    rabbitmq_server: RabbitServer,
+    client: RabbitStreamClient,
+    topic_name: Callable[[], str],
+    tmp_path: Path,
+) -> None:
+    url, topic, n = rabbitmq_server.url, topic_name(), 5000
+    produce(url, topic, n, partitions=4, client=client)
+    db, log = tmp_path / "eo.db", tmp_path / "run.log"
+    args = [
+        f"{HANDLERS}:slow_record",
+        *rabbit(*exactly_once_args(db, "g-eo", "--txn-messages", "300")),
+    ]
+    first = htmqc_run(url, topic, *args, log=log)
+    try:
+        wait_for(lambda: stored(db) >= 1500, 60, "the first transactions")
+    finally:
+        first.send_signal(signal.SIGKILL)  # mid-batch: a transaction is open
+        first.wait(10)
+    at_kill = positions(db)
+    assert sum(at_kill.values()) < n
+    assert len(effect_ids(db)) == sum(at_kill.values()), "effects and positions disagree"
+    second_log = tmp_path / "second.log"
+    second = htmqc_run(url, topic, *args, "--idle-exit", "2", log=second_log)
+    assert finish(second, 90) == 0, second_log.read_text()[-2000:]
+    starts = assigned_starts(second_log, topic)
+    assert starts == {p: at_kill.get(p, 0) for p in range(4)}, "did not resume at the sink"
+    ids = effect_ids(db)
+    assert len(ids) == n, "lost or duplicated effects"
+    assert sorted(ids) == list(range(n))
+    assert stored(db) == n
+
+
+def test_offsets_deleted_by_retention_are_a_gap(
+    rabbitmq_server: RabbitServer,
+    client: RabbitStreamClient,
+    topic_name: Callable[[], str],
+    tmp_path: Path,
+) -> None:
+    url, topic, n = rabbitmq_server.url, topic_name(), 1200
+    client.create_topic(topic, 2, max_length_bytes=30_000, stream_max_segment_size_bytes=5_000)
+    for start in range(0, n, 200):  # retention is applied as segments roll over
+        produce(url, topic, 200, partitions=2, start_id=start, client=client)
+    marks = {p: client.watermarks(topic, p) for p in range(2)}
+    assert all(0 < low < high == n // 2 for low, high in marks.values()), marks
+    # Message i is on partition i % 2 at offset i // 2.
+    gone = {i for i in range(n) if i // 2 < marks[i % 2][0]}
+    db, log = tmp_path / "gaps.db", tmp_path / "run.log"
+    proc = htmqc_run(
+        url, topic, "examples.effects:record",
+        *rabbit(*exactly_once_args(db, "g-gaps", "--idle-exit", "2")), log=log,
+    )  # fmt: skip
+    assert finish(proc, 60) == 0, log.read_text()[-2000:]
+    ids = effect_ids(db)
+    assert len(ids) == len(set(ids)), "duplicated effects"
+    assert set(ids) == set(range(n)) - gone
+    assert positions(db) == {p: n // 2 for p in range(2)}, "the positions did not reach the end"
+
+
+def test_at_least_once_dead_letters_go_to_a_dlq_stream(
+    rabbitmq_server: RabbitServer,
+    client: RabbitStreamClient,
+    topic_name: Callable[[], str],
+    tmp_path: Path,
+) -> None:
+    url, topic = rabbitmq_server.url, topic_name()
+    produce(url, topic, 50, partitions=2, client=client)
+    log = tmp_path / "run.log"
+    proc = htmqc_run(
+        url, topic, f"{HANDLERS}:poison_five",
+        *rabbit("--group", "g-dlq", "--max-retries", "0", "--idle-exit", "2"), log=log,
+    )  # fmt: skip
+    assert finish(proc, 60) == 0, log.read_text()[-2000:]
+    assert sum(client.committed("g-dlq", topic, p) or 0 for p in range(2)) == 50
+    letters = client.call(_read(client, f"{topic}.dlq"))
+    assert len(letters) == 1
+    letter = letters[0]
+    assert letter.value().startswith(b"000000000005")
+    assert letter.key() == b"k5"
+    headers = dict(letter.headers() or [])
+    assert headers["htmqc-dlq-source"] == f"{topic}/1/2".encode()
+    assert headers["htmqc-dlq-error-class"].endswith(b"ValueError")
+
+
+async def _read(client: RabbitStreamClient, stream: str) -> list[Any]:
+    """Every message of ``stream`` now (read for half a second)."""
+    from rstream import amqp_decoder
+
+    got: list[Any] = []
+
+    def on_message(msg: Any, ctx: Any) -> None:
+        got.append(convert(stream, 0, ctx.offset, ctx.timestamp, msg))
+
+    sid = await client.consumer.subscribe(stream, on_message, decoder=amqp_decoder)
+    await asyncio.sleep(0.5)
+    await client.consumer.unsubscribe(sid)
+    return got
