@@ -135,23 +135,29 @@ def test_offsets_deleted_by_retention_are_a_gap(
     topic_name: Callable[[], str],
     tmp_path: Path,
 ) -> None:
-    url, topic, n = rabbitmq_server.url, topic_name(), 1200
+    url, topic, n = rabbitmq_server.url, topic_name(), 1400
     client.create_topic(topic, 2, max_length_bytes=30_000, stream_max_segment_size_bytes=5_000)
-    for start in range(0, n, 200):  # retention is applied as segments roll over
+    produce(url, topic, 200, partitions=2, client=client)
+    assert client.watermarks(topic, 0) == (0, 100)
+    db, log = tmp_path / "gaps.db", tmp_path / "run.log"
+    once = exactly_once_args(db, "g-gaps", "--idle-exit", "2")
+    args = ["examples.effects:record", *rabbit(*once)]
+    assert finish(htmqc_run(url, topic, *args, log=log), 60) == 0, log.read_text()[-2000:]
+    assert positions(db) == {0: 100, 1: 100}
+    for start in range(200, n, 200):  # retention is applied as segments roll over
         produce(url, topic, 200, partitions=2, start_id=start, client=client)
     marks = {p: client.watermarks(topic, p) for p in range(2)}
-    assert all(0 < low < high == n // 2 for low, high in marks.values()), marks
-    # Message i is on partition i % 2 at offset i // 2.
-    gone = {i for i in range(n) if i // 2 < marks[i % 2][0]}
-    db, log = tmp_path / "gaps.db", tmp_path / "run.log"
-    proc = htmqc_run(
-        url, topic, "examples.effects:record",
-        *rabbit(*exactly_once_args(db, "g-gaps", "--idle-exit", "2")), log=log,
-    )  # fmt: skip
-    assert finish(proc, 60) == 0, log.read_text()[-2000:]
+    assert all(100 < low < high == n // 2 for low, high in marks.values()), marks
+    # Message i is on partition i % 2 at offset i // 2; the sink's positions (100)
+    # are below the first offsets kept: the run reads from there, a gap.
+    gone = {i for i in range(n) if 100 <= i // 2 < marks[i % 2][0]}
+    assert finish(htmqc_run(url, topic, *args, log=log), 60) == 0, log.read_text()[-2000:]
     ids = effect_ids(db)
     assert len(ids) == len(set(ids)), "duplicated effects"
     assert set(ids) == set(range(n)) - gone
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute('SELECT id, "partition", "offset" FROM effects').fetchall()
+    assert all((p, o) == (i % 2, i // 2) for i, p, o in rows), "an offset is not the stream's"
     assert positions(db) == {p: n // 2 for p in range(2)}, "the positions did not reach the end"
 
 
