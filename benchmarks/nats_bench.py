@@ -215,10 +215,12 @@ def raw_sqlite_loop(url: str, topic: str, partitions: int, count: int, db: Path)
         conn.close()
 
 
-def htmqc_rate(url: str, topic: str, count: int, handler: Any, **options: Any) -> float:
-    """msg/s of one htmqc engine run (``--source nats``) over the whole topic."""
+def htmqc_rate(
+    url: str, topic: str, count: int, handler: Any, source: str = "nats", **options: Any
+) -> float:
+    """msg/s of one htmqc engine run (``--source SOURCE``) over the whole topic."""
     opts = RunOptions(
-        bootstrap=url, topic=topic, source="nats", max_messages=count, **options
+        bootstrap=url, topic=topic, source=source, max_messages=count, **options
     )
     engine = build_engine(handler, opts)
     engine.run(install_signals=False)

@@ -300,6 +300,17 @@ async def read_commit(consumer: Any, stream: str, reference: str) -> int | None:
         return None
 
 
+async def _cancel_the_rest() -> None:
+    """Cancel the loop's other tasks (rstream's readers and heartbeats outlive a
+    close) and wait for them a little: the loop stops with none pending."""
+    current = asyncio.current_task()
+    rest = [t for t in asyncio.all_tasks() if t is not current]
+    for task in rest:
+        task.cancel()
+    if rest:
+        await asyncio.wait(rest, timeout=1)
+
+
 # -- the consumer -----------------------------------------------------------------------------
 
 
@@ -386,7 +397,7 @@ class RabbitStreamConsumer(PumpedConsumer):
             now = time.monotonic()
             if now - self._refreshed.get(tp, -math.inf) >= WATERMARK_REFRESH:
                 self._refreshed[tp] = now
-                self._submit(self._watermarks_of(tp))
+                self._loop.call_soon_threadsafe(self._track, self._watermarks_of(tp))
             return self._watermarks.get(tp)
         return super().get_watermark_offsets(partition, timeout)
 
@@ -555,9 +566,8 @@ class RabbitStreamConsumer(PumpedConsumer):
                     await asyncio.sleep(0.005)
 
     async def _close(self) -> None:
+        # Every generation ended (close): the pumps unsubscribe and return.
         pumps = list(self._pumps)
-        for task in pumps:
-            task.cancel()  # pumps unsubscribe on the way out
         if pumps:
             await asyncio.wait(pumps, timeout=3)
         thread = self._lease_thread
@@ -566,6 +576,7 @@ class RabbitStreamConsumer(PumpedConsumer):
         for rs in (self._rs, self._meta):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(rs.close(), 5)
+        await _cancel_the_rest()
 
 
 # -- topics, producing, dead letters -------------------------------------------------------------
@@ -673,7 +684,7 @@ class RabbitStreamClient:
 
     def close(self) -> None:
         """Close both connections, stop the thread."""
-        for closing in (self.producer.close(), self.consumer.close()):
+        for closing in (self.producer.close(), self.consumer.close(), _cancel_the_rest()):
             with contextlib.suppress(Exception):
                 self.call(closing, 10)
         stop_loop(self._loop, self._thread)
