@@ -16,8 +16,6 @@ test_modes_broker.py).
 
 from __future__ import annotations
 
-import signal
-import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -25,18 +23,17 @@ import pytest
 
 from htmqc.sources.nats import NatsClient, produce, stream_name
 from htmqc.sources.nats_server import NatsServer
-from tests.runtime.test_modes_broker import assigned_starts, audit_sigkill_restart, kill
+from tests.runtime.test_modes_broker import audit_sigkill_restart, kill
 from tests.runtime.test_run_broker import (
     effect_ids,
     exactly_once_args,
     finish,
     htmqc_run,
-    stored,
     wait_for,
 )
+from tests.sources.support import HANDLERS, check_exactly_once_across_sigkill, positions
 
 pytestmark = pytest.mark.slow
-HANDLERS = "tests.runtime.handlers"
 
 
 @pytest.fixture
@@ -49,14 +46,6 @@ def client(nats_server: NatsServer) -> Iterator[NatsClient]:
 def nats(*args: str) -> list[str]:
     """``htmqc run`` arguments after the handler, with ``--source nats``."""
     return ["--source", "nats", *args]
-
-
-def positions(db: Path) -> dict[int, int]:
-    """Partition -> committed offset stored in the sink."""
-    with sqlite3.connect(db) as conn:
-        return {
-            p: c for p, c in conn.execute('SELECT "partition", committed FROM htmqc_positions')
-        }
 
 
 def test_at_least_once_across_sigkill_loses_nothing(
@@ -98,29 +87,7 @@ def test_exactly_once_into_sqlite_across_sigkill(
 ) -> None:
     topic, n = topic_name(), 8000
     produce(nats_server.url, topic, n, partitions=4, client=client)
-    db, log = tmp_path / "eo.db", tmp_path / "run.log"
-    args = [
-        f"{HANDLERS}:slow_record",
-        *nats(*exactly_once_args(db, "g-eo", "--txn-messages", "300")),
-    ]
-    first = htmqc_run(nats_server.url, topic, *args, log=log)
-    try:
-        wait_for(lambda: stored(db) >= 1500, 60, "the first transactions")
-    finally:
-        first.send_signal(signal.SIGKILL)  # mid-batch: a transaction is open
-        first.wait(10)
-    at_kill = positions(db)
-    assert sum(at_kill.values()) < n
-    assert len(effect_ids(db)) == sum(at_kill.values()), "effects and positions disagree"
-    second_log = tmp_path / "second.log"
-    second = htmqc_run(nats_server.url, topic, *args, "--idle-exit", "2", log=second_log)
-    assert finish(second, 90) == 0, second_log.read_text()[-2000:]
-    starts = assigned_starts(second_log, topic)
-    assert starts == {p: at_kill.get(p, 0) for p in range(4)}, "did not resume at the sink"
-    ids = effect_ids(db)
-    assert len(ids) == n, "lost or duplicated effects"
-    assert sorted(ids) == list(range(n))
-    assert stored(db) == n
+    check_exactly_once_across_sigkill(nats_server.url, topic, nats(), tmp_path, n)
 
 
 def test_deleted_and_purged_messages_are_gaps(

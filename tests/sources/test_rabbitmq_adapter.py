@@ -21,7 +21,6 @@ from htmqc.errors import RuntimeFailure, UsageError
 from htmqc.produce import ID_HEADER, parse_id
 from htmqc.runtime.launch import check_rabbitmq_options
 from htmqc.runtime.options import RunOptions
-from htmqc.sources.pumped import OFFSET_INVALID
 from htmqc.sources.rabbitmq import (
     Endpoint,
     RabbitStreamClient,
@@ -32,6 +31,7 @@ from htmqc.sources.rabbitmq import (
 )
 from htmqc.sources.rabbitmq_server import RabbitServer, start_rabbitmq
 from tests.services import require_rabbitmq_server
+from tests.sources.support import assign_at, check_commits, check_seek_and_pause, drain
 
 pytestmark = pytest.mark.slow
 
@@ -41,24 +41,6 @@ def client(rabbitmq_server: RabbitServer) -> Iterator[RabbitStreamClient]:
     c = RabbitStreamClient(rabbitmq_server.url)
     yield c
     c.close()
-
-
-def drain(consumer: RabbitStreamConsumer, want: int, timeout: float = 10.0) -> list[Any]:
-    """Consume until ``want`` messages came (or ``timeout``)."""
-    got: list[Any] = []
-    deadline = time.monotonic() + timeout
-    while len(got) < want and time.monotonic() < deadline:
-        got += consumer.consume(1000, 0.2)
-    return got
-
-
-def assign_at(offsets: dict[int, int]) -> Callable[[Any, list[KafkaTP]], None]:
-    def on_assign(consumer: Any, parts: list[KafkaTP]) -> None:
-        consumer.incremental_assign(
-            [KafkaTP(p.topic, p.partition, offsets.get(p.partition, 0)) for p in parts]
-        )
-
-    return on_assign
 
 
 def test_offsets_are_dense_stream_offsets_with_keys_and_headers(
@@ -123,18 +105,7 @@ def test_seek_refetches_and_pause_hides_a_partition(
     produce(rabbitmq_server.url, topic, 200, partitions=2, client=client)
     consumer = RabbitStreamConsumer(rabbitmq_server.url, "g")
     try:
-        consumer.subscribe([topic], on_assign=assign_at({}))
-        assert len(drain(consumer, 200)) == 200
-        consumer.seek(KafkaTP(topic, 0, 90))
-        consumer.pause([KafkaTP(topic, 1)])
-        consumer.seek(KafkaTP(topic, 1, 0))
-        got = drain(consumer, 10, timeout=3)
-        assert [(m.partition(), m.offset()) for m in got] == [(0, o) for o in range(90, 100)]
-        assert consumer.consume(100, 0.5) == [], "a paused partition hands out nothing"
-        consumer.resume([KafkaTP(topic, 1)])
-        assert [m.offset() for m in drain(consumer, 100)] == list(range(100))
-        with pytest.raises(Exception, match="cannot seek"):
-            consumer.seek(KafkaTP(topic, 7, 0))
+        check_seek_and_pause(consumer, topic)
     finally:
         consumer.close()
 
@@ -144,35 +115,11 @@ def test_commits_are_tracked_offsets_acknowledged_inside_consume_without_metadat
 ) -> None:
     topic = topic_name()
     produce(rabbitmq_server.url, topic, 10, partitions=2, client=client)
-    acks: list[tuple[Any, list[KafkaTP]]] = []
-    url = rabbitmq_server.url
-    consumer = RabbitStreamConsumer(url, "grp", on_commit=lambda e, p: acks.append((e, p)))
-    try:
-        consumer.subscribe([topic], on_assign=assign_at({}))
-        for offset in range(1, 6):  # asynchronous, in order: the last one stands
-            consumer.commit(offsets=[KafkaTP(topic, 0, offset, metadata=f"m{offset}")])
-        assert acks == [], "an outcome is reported inside consume, not on another thread"
-        deadline = time.monotonic() + 5
-        while len(acks) < 5 and time.monotonic() < deadline:
-            consumer.consume(10, 0.1)
-        assert [(e, p[0].offset) for e, p in acks] == [(None, o) for o in range(1, 6)]
-        done = consumer.commit(offsets=[KafkaTP(topic, 1, 4)], asynchronous=False)
-        assert [(p.partition, p.offset) for p in done] == [(1, 4)]
-        got = consumer.committed([KafkaTP(topic, p) for p in range(2)] + [KafkaTP(topic, 9)])
-        # Offset tracking keeps one number: the finished-above metadata is not kept.
-        assert [(p.offset, p.metadata) for p in got] == [
-            (5, None), (4, None), (OFFSET_INVALID, None)
-        ]
-        assert client.committed("grp", topic, 0) == 5
-    finally:
-        consumer.close()
-    again = RabbitStreamConsumer(url, "grp")  # assigned without offsets: at the commits
-    try:
-        again.subscribe([topic])
-        got = drain(again, 1, timeout=3) + drain(again, 10, timeout=1)
-        assert sorted((m.partition(), m.offset()) for m in got) == [(1, 4)]
-    finally:
-        again.close()
+    # Offset tracking keeps one number: the finished-above metadata is not kept.
+    check_commits(
+        lambda **kw: RabbitStreamConsumer(rabbitmq_server.url, "grp", **kw), topic,
+        lambda p: client.committed("grp", topic, p), keeps=False,
+    )  # fmt: skip
 
 
 def test_a_second_member_waits_as_a_standby_and_takes_over_when_the_first_goes(

@@ -19,7 +19,6 @@ test_modes_broker.py).
 from __future__ import annotations
 
 import asyncio
-import signal
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,18 +28,17 @@ import pytest
 
 from htmqc.sources.rabbitmq import RabbitStreamClient, convert, produce
 from htmqc.sources.rabbitmq_server import RabbitServer
-from tests.runtime.test_modes_broker import assigned_starts, audit_sigkill_restart, kill
+from tests.runtime.test_modes_broker import audit_sigkill_restart, kill
 from tests.runtime.test_run_broker import (
     effect_ids,
     exactly_once_args,
     finish,
     htmqc_run,
-    stored,
     wait_for,
 )
+from tests.sources.support import HANDLERS, check_exactly_once_across_sigkill, positions
 
 pytestmark = pytest.mark.slow
-HANDLERS = "tests.runtime.handlers"
 
 
 @pytest.fixture
@@ -53,14 +51,6 @@ def client(rabbitmq_server: RabbitServer) -> Iterator[RabbitStreamClient]:
 def rabbit(*args: str) -> list[str]:
     """``htmqc run`` arguments after the handler, with ``--source rabbitmq-stream``."""
     return ["--source", "rabbitmq-stream", *args]
-
-
-def positions(db: Path) -> dict[int, int]:
-    """Partition -> committed offset stored in the sink."""
-    with sqlite3.connect(db) as conn:
-        return {
-            p: c for p, c in conn.execute('SELECT "partition", committed FROM htmqc_positions')
-        }
 
 
 def test_at_least_once_across_sigkill_a_standby_takes_over_and_loses_nothing(
@@ -102,31 +92,9 @@ def test_exactly_once_into_sqlite_across_sigkill(
     topic_name: Callable[[], str],
     tmp_path: Path,
 ) -> None:
-    url, topic, n = rabbitmq_server.url, topic_name(), 5000
-    produce(url, topic, n, partitions=4, client=client)
-    db, log = tmp_path / "eo.db", tmp_path / "run.log"
-    args = [
-        f"{HANDLERS}:slow_record",
-        *rabbit(*exactly_once_args(db, "g-eo", "--txn-messages", "300")),
-    ]
-    first = htmqc_run(url, topic, *args, log=log)
-    try:
-        wait_for(lambda: stored(db) >= 1500, 60, "the first transactions")
-    finally:
-        first.send_signal(signal.SIGKILL)  # mid-batch: a transaction is open
-        first.wait(10)
-    at_kill = positions(db)
-    assert sum(at_kill.values()) < n
-    assert len(effect_ids(db)) == sum(at_kill.values()), "effects and positions disagree"
-    second_log = tmp_path / "second.log"
-    second = htmqc_run(url, topic, *args, "--idle-exit", "2", log=second_log)
-    assert finish(second, 90) == 0, second_log.read_text()[-2000:]
-    starts = assigned_starts(second_log, topic)
-    assert starts == {p: at_kill.get(p, 0) for p in range(4)}, "did not resume at the sink"
-    ids = effect_ids(db)
-    assert len(ids) == n, "lost or duplicated effects"
-    assert sorted(ids) == list(range(n))
-    assert stored(db) == n
+    topic, n = topic_name(), 5000
+    produce(rabbitmq_server.url, topic, n, partitions=4, client=client)
+    check_exactly_once_across_sigkill(rabbitmq_server.url, topic, rabbit(), tmp_path, n)
 
 
 def test_offsets_deleted_by_retention_are_a_gap(

@@ -82,7 +82,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import socket
 import threading
 import time
@@ -105,9 +104,11 @@ from htmqc.sources.pumped import (
     LogMessage,
     PumpedConsumer,
     _Partition,
+    check_plain,
     stop_loop,
 )
 from htmqc.sources.pumped import OFFSET_INVALID as OFFSET_INVALID
+from htmqc.sources.pumped import stream_name as stream_name
 
 log = logging.getLogger("htmqc.nats")
 
@@ -125,13 +126,6 @@ KEY_HEADER = "Htmqc-Key"
 FETCH_WAIT = 1.0
 #: Seconds an abandoned pull consumer lives on the server (a crashed member's).
 INACTIVE_THRESHOLD = 30.0
-#: Topic and group names: stream names, subject tokens and KV keys must stay plain.
-NAME = re.compile(r"[A-Za-z0-9_-]+")
-
-
-def stream_name(topic: str, partition: int) -> str:
-    """The stream of ``topic``'s ``partition``: ``TOPIC-P``."""
-    return f"{topic}-{partition}"
 
 
 def subject(topic: str, partition: int) -> str:
@@ -146,11 +140,7 @@ def offsets_key(group: str, topic: str, partition: int) -> str:
 
 def check_name(what: str, name: str) -> None:
     """:raises UsageError: ``name`` is not letters, digits, ``_`` and ``-``."""
-    if not NAME.fullmatch(name):
-        raise UsageError(
-            f"{what} {name!r} cannot name a NATS stream or subject token",
-            "use letters, digits, '_' and '-' only",
-        )
+    check_plain(what, name, "a NATS stream or subject token")
 
 
 def servers_of(bootstrap: str) -> list[str]:

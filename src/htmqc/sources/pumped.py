@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import threading
 import time
 from collections import deque
@@ -58,6 +59,22 @@ FETCH_BATCH = 1000
 BUFFER_MESSAGES = 4000
 #: Seconds a blocking call into the client thread waits at most.
 CALL_TIMEOUT = 30.0
+#: Topic and group names: stream names, subjects, keys and references must stay plain.
+NAME = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def stream_name(topic: str, partition: int) -> str:
+    """The stream of ``topic``'s ``partition``: ``TOPIC-P`` (every non-Kafka source)."""
+    return f"{topic}-{partition}"
+
+
+def check_plain(what: str, name: str, names: str) -> None:
+    """:raises UsageError: ``name`` is not letters, digits, ``_`` and ``-`` (it
+    cannot name ``names``, e.g. "a NATS stream")."""
+    if not NAME.fullmatch(name):
+        raise UsageError(
+            f"{what} {name!r} cannot name {names}", "use letters, digits, '_' and '-' only"
+        )
 
 
 # -- messages -------------------------------------------------------------------------------
@@ -170,10 +187,10 @@ class PumpedConsumer:
         self,
         group: str,
         *,
-        on_commit: CommitCallback | None,
-        fetch_batch: int,
-        buffer_messages: int,
-        thread_name: str,
+        on_commit: CommitCallback | None = None,
+        fetch_batch: int = FETCH_BATCH,
+        buffer_messages: int = BUFFER_MESSAGES,
+        thread_name: str = "htmqc-source",
     ) -> None:
         self._lease_lost = False
         #: Monotonic time until which the lease is surely ours (renewed in time).
@@ -197,7 +214,7 @@ class PumpedConsumer:
         )
         self._thread.start()
         self._commit_lock: asyncio.Lock | None = None
-        self._pumps: set[asyncio.Task[None]] = set()
+        self._pumps: set[asyncio.Task[Any]] = set()
 
     # -- what a source supplies ---------------------------------------------------------------
 
@@ -522,7 +539,7 @@ class PumpedConsumer:
             part.wake = asyncio.Event()
         self._track(self._pump(part, generation))
 
-    def _track(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _track(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` as a task :meth:`close` cancels and waits for."""
         task = self._loop.create_task(coro)
         self._pumps.add(task)

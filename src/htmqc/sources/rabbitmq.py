@@ -63,7 +63,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import re
 import threading
 import time
 from collections.abc import Coroutine, Iterable, Sequence
@@ -76,17 +75,16 @@ from confluent_kafka import TopicPartition as KafkaTP
 
 from htmqc.errors import RuntimeFailure, UsageError
 from htmqc.sources.pumped import (
-    BUFFER_MESSAGES,
     CALL_TIMEOUT,
-    FETCH_BATCH,
     TP,
-    CommitCallback,
     Deliveries,
     LogMessage,
     PumpedConsumer,
     _Partition,
+    check_plain,
     stop_loop,
 )
+from htmqc.sources.pumped import stream_name as stream_name
 
 log = logging.getLogger("htmqc.rabbitmq")
 
@@ -106,13 +104,6 @@ LEASE_HEARTBEAT = 5
 PROBE_WAIT = 0.5
 #: Seconds between two background refreshes of a partition's cached watermarks.
 WATERMARK_REFRESH = 2.0
-#: Topic and group names: stream names, references and queue names must stay plain.
-NAME = re.compile(r"[A-Za-z0-9_-]+")
-
-
-def stream_name(topic: str, partition: int) -> str:
-    """The stream of ``topic``'s ``partition``: ``TOPIC-P``."""
-    return f"{topic}-{partition}"
 
 
 def offsets_reference(group: str) -> str:
@@ -127,11 +118,7 @@ def lease_queue(group: str, topic: str) -> str:
 
 def check_name(what: str, name: str) -> None:
     """:raises UsageError: ``name`` is not letters, digits, ``_`` and ``-``."""
-    if not NAME.fullmatch(name):
-        raise UsageError(
-            f"{what} {name!r} cannot name a RabbitMQ stream",
-            "use letters, digits, '_' and '-' only",
-        )
+    check_plain(what, name, "a RabbitMQ stream")
 
 
 @dataclass(frozen=True)
@@ -327,23 +314,12 @@ class RabbitStreamConsumer(PumpedConsumer):
     SOURCE, OPTION = "RabbitMQ", SCHEME
 
     def __init__(
-        self,
-        bootstrap: str,
-        group: str,
-        *,
-        on_commit: CommitCallback | None = None,
-        connect_seconds: float = 10.0,
-        fetch_batch: int = FETCH_BATCH,
-        buffer_messages: int = BUFFER_MESSAGES,
+        self, bootstrap: str, group: str, *, connect_seconds: float = 10.0, **options: Any
     ) -> None:
+        """``options``: :class:`PumpedConsumer`'s (``on_commit``, ``fetch_batch``,
+        ``buffer_messages``)."""
         check_name("group", group)
-        super().__init__(
-            group,
-            on_commit=on_commit,
-            fetch_batch=fetch_batch,
-            buffer_messages=buffer_messages,
-            thread_name="htmqc-rabbitmq",
-        )
+        super().__init__(group, thread_name="htmqc-rabbitmq", **options)
         self.endpoint = endpoint_of(bootstrap)
         self.reference = offsets_reference(group)
         self.connect_seconds = connect_seconds

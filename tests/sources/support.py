@@ -1,0 +1,142 @@
+"""What the tests of every non-Kafka source share: draining a consumer, assigning
+at given offsets, the sink's positions, and the checks that hold for each adapter
+(seek and pause, ordered commits, exactly-once across a SIGKILL)."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import TopicPartition as KafkaTP
+
+from htmqc.sources.pumped import OFFSET_INVALID
+from tests.runtime.test_modes_broker import assigned_starts
+from tests.runtime.test_run_broker import (
+    effect_ids,
+    exactly_once_args,
+    finish,
+    htmqc_run,
+    stored,
+    wait_for,
+)
+
+HANDLERS = "tests.runtime.handlers"
+
+
+def drain(consumer: Any, want: int, timeout: float = 10.0) -> list[Any]:
+    """Consume until ``want`` messages came (or ``timeout``)."""
+    got: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < want and time.monotonic() < deadline:
+        got += consumer.consume(1000, 0.2)
+    return got
+
+
+def assign_at(offsets: dict[int, int]) -> Callable[[Any, list[KafkaTP]], None]:
+    """An ``on_assign`` taking each partition at ``offsets`` (default 0)."""
+
+    def on_assign(consumer: Any, parts: list[KafkaTP]) -> None:
+        consumer.incremental_assign(
+            [KafkaTP(p.topic, p.partition, offsets.get(p.partition, 0)) for p in parts]
+        )
+
+    return on_assign
+
+
+def positions(db: Path) -> dict[int, int]:
+    """Partition -> committed offset stored in the sink."""
+    with sqlite3.connect(db) as conn:
+        return {
+            p: c for p, c in conn.execute('SELECT "partition", committed FROM htmqc_positions')
+        }
+
+
+def check_seek_and_pause(consumer: Any, topic: str) -> None:
+    """On a 2-partition ``topic`` of 200 messages: a seek fetches again from its
+    offset, a paused partition hands out nothing until resumed, and a partition
+    not assigned cannot be sought."""
+    consumer.subscribe([topic], on_assign=assign_at({}))
+    assert len(drain(consumer, 200)) == 200
+    consumer.seek(KafkaTP(topic, 0, 90))
+    consumer.pause([KafkaTP(topic, 1)])
+    consumer.seek(KafkaTP(topic, 1, 0))
+    got = drain(consumer, 10, timeout=3)
+    assert [(m.partition(), m.offset()) for m in got] == [(0, o) for o in range(90, 100)]
+    assert consumer.consume(100, 0.5) == [], "a paused partition hands out nothing"
+    consumer.resume([KafkaTP(topic, 1)])
+    assert [m.offset() for m in drain(consumer, 100)] == list(range(100))
+    with pytest.raises(Exception, match="cannot seek"):
+        consumer.seek(KafkaTP(topic, 7, 0))
+
+
+def check_commits(
+    make: Callable[..., Any], topic: str, committed: Callable[[int], int | None], keeps: bool
+) -> None:
+    """On a 2-partition ``topic`` of 10 messages, with ``make(on_commit=...)`` a
+    member of one group: asynchronous commits are stored in order and reported
+    inside ``consume``, a synchronous one returns its partitions, ``committed``
+    reads them back (with the metadata if the source ``keeps`` it), and a new
+    member assigned without offsets starts at them."""
+    acks: list[tuple[Any, list[KafkaTP]]] = []
+    consumer = make(on_commit=lambda e, p: acks.append((e, p)))
+    try:
+        consumer.subscribe([topic], on_assign=assign_at({}))
+        for offset in range(1, 6):  # asynchronous, in order: the last one stands
+            consumer.commit(offsets=[KafkaTP(topic, 0, offset, metadata=f"m{offset}")])
+        assert acks == [], "an outcome is reported inside consume, not on another thread"
+        deadline = time.monotonic() + 5
+        while len(acks) < 5 and time.monotonic() < deadline:
+            consumer.consume(10, 0.1)
+        assert [(e, p[0].offset) for e, p in acks] == [(None, o) for o in range(1, 6)]
+        done = consumer.commit(offsets=[KafkaTP(topic, 1, 4)], asynchronous=False)
+        assert [(p.partition, p.offset) for p in done] == [(1, 4)]
+        got = consumer.committed([KafkaTP(topic, p) for p in range(2)] + [KafkaTP(topic, 9)])
+        assert [(p.offset, p.metadata) for p in got] == [
+            (5, "m5" if keeps else None), (4, None), (OFFSET_INVALID, None)
+        ]
+        assert committed(0) == 5
+    finally:
+        consumer.close()
+    again = make()
+    try:
+        again.subscribe([topic])
+        got = drain(again, 1, timeout=3) + drain(again, 10, timeout=1)
+        # partition 0 holds offsets 0..4 (all committed), partition 1 committed up to 4
+        assert sorted((m.partition(), m.offset()) for m in got) == [(1, 4)]
+    finally:
+        again.close()
+
+
+def check_exactly_once_across_sigkill(
+    url: str, topic: str, source: list[str], tmp_path: Path, n: int
+) -> None:
+    """``htmqc run`` exactly-once into SQLite over a 4-partition ``topic`` of ``n``
+    messages (``source``: the ``--source`` arguments), SIGKILLed mid-transaction
+    after 1,500 effects: the restart resumes at the sink's positions and every
+    effect is stored exactly once."""
+    db, log = tmp_path / "eo.db", tmp_path / "run.log"
+    once = exactly_once_args(db, "g-eo", "--txn-messages", "300")
+    args = [f"{HANDLERS}:slow_record", *source, *once]
+    first = htmqc_run(url, topic, *args, log=log)
+    try:
+        wait_for(lambda: stored(db) >= 1500, 60, "the first transactions")
+    finally:
+        first.send_signal(signal.SIGKILL)  # mid-batch: a transaction is open
+        first.wait(10)
+    at_kill = positions(db)
+    assert sum(at_kill.values()) < n
+    assert len(effect_ids(db)) == sum(at_kill.values()), "effects and positions disagree"
+    second_log = tmp_path / "second.log"
+    second = htmqc_run(url, topic, *args, "--idle-exit", "2", log=second_log)
+    assert finish(second, 90) == 0, second_log.read_text()[-2000:]
+    starts = assigned_starts(second_log, topic)
+    assert starts == {p: at_kill.get(p, 0) for p in range(4)}, "did not resume at the sink"
+    ids = effect_ids(db)
+    assert len(ids) == n, "lost or duplicated effects"
+    assert sorted(ids) == list(range(n))
+    assert stored(db) == n
