@@ -18,8 +18,6 @@ from confluent_kafka import TopicPartition as KafkaTP
 
 from htmqc.errors import UsageError
 from htmqc.produce import parse_id
-from htmqc.runtime.launch import check_nats_options
-from htmqc.runtime.options import RunOptions
 from htmqc.sources.nats import (
     NatsClient,
     NatsConsumer,
@@ -252,34 +250,6 @@ def test_ack_subjects_parse_in_both_forms() -> None:
     )
     with pytest.raises(ValueError):
         sequence_and_time("_INBOX.x")
-
-
-def _options(**kw: Any) -> RunOptions:
-    base: dict[str, Any] = {
-        "bootstrap": "nats://127.0.0.1:4222", "topic": "t", "group": "g", "source": "nats"
-    }
-    return RunOptions(**{**base, **kw})
-
-
-@pytest.mark.parametrize(
-    ("kw", "says"),
-    [
-        ({"mode": "exactly-once"}, "exactly-once needs a sink"),
-        ({"mode": "exactly-once", "sink": "kafka:out"}, "a kafka: sink cannot"),
-        ({"retry_topic": True}, "--retry-topic is not supported"),
-        ({"kafka_config": {"fetch.min.bytes": "1"}}, "--kafka-config"),
-        ({"group_protocol": "consumer"}, "--group-protocol"),
-        ({"member_id": "m1"}, "--member-id"),
-        ({"topic": "a.b"}, "topic 'a.b' cannot name"),
-        ({"bootstrap": "http://x:1"}, "not a NATS URL"),
-    ],
-)
-def test_what_does_not_apply_to_nats_is_refused_in_one_line(
-    kw: dict[str, Any], says: str
-) -> None:
-    with pytest.raises(UsageError, match=says) as info:
-        check_nats_options(_options(**kw))
-    assert "\n" not in info.value.line()
 
 
 def test_the_launcher_leaves_nothing_running() -> None:

@@ -19,8 +19,6 @@ from confluent_kafka import TopicPartition as KafkaTP
 
 from htmqc.errors import RuntimeFailure, UsageError
 from htmqc.produce import ID_HEADER, parse_id
-from htmqc.runtime.launch import check_rabbitmq_options
-from htmqc.runtime.options import RunOptions
 from htmqc.sources.rabbitmq import (
     Endpoint,
     RabbitStreamClient,
@@ -196,35 +194,6 @@ def test_bootstrap_urls() -> None:
     for bad in ("nats://h:1", "h:1", "", "rabbitmq-stream://h:x"):
         with pytest.raises(UsageError):
             endpoint_of(bad)
-
-
-def _options(**kw: Any) -> RunOptions:
-    base: dict[str, Any] = {
-        "bootstrap": "rabbitmq-stream://127.0.0.1:5552", "topic": "t", "group": "g",
-        "source": "rabbitmq-stream",
-    }  # fmt: skip
-    return RunOptions(**{**base, **kw})
-
-
-@pytest.mark.parametrize(
-    ("kw", "says"),
-    [
-        ({"mode": "exactly-once"}, "exactly-once needs a sink"),
-        ({"mode": "exactly-once", "sink": "kafka:out"}, "a kafka: sink cannot commit a RabbitMQ"),
-        ({"retry_topic": True}, "--retry-topic is not supported with --source rabbitmq-stream"),
-        ({"kafka_config": {"fetch.min.bytes": "1"}}, "--kafka-config"),
-        ({"group_protocol": "consumer"}, "--group-protocol"),
-        ({"member_id": "m1"}, "--member-id"),
-        ({"topic": "a.b"}, "topic 'a.b' cannot name a RabbitMQ stream"),
-        ({"bootstrap": "nats://x:1"}, "not a RabbitMQ stream URL"),
-    ],
-)
-def test_what_does_not_apply_to_rabbitmq_is_refused_in_one_line(
-    kw: dict[str, Any], says: str
-) -> None:
-    with pytest.raises(UsageError, match=says) as info:
-        check_rabbitmq_options(_options(**kw))
-    assert "\n" not in info.value.line()
 
 
 def test_the_node_starts_on_its_own_ports_and_leaves_nothing_running() -> None:

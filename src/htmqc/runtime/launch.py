@@ -9,7 +9,6 @@ a message.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import logging
 import threading
@@ -370,16 +369,6 @@ def check_stream_options(options: RunOptions) -> None:
             "Kafka transactions)",
             "drop --member-id",
         )
-
-
-def check_nats_options(options: RunOptions) -> None:
-    """:func:`check_stream_options` as ``--source nats``."""
-    check_stream_options(dataclasses.replace(options, source=NATS))
-
-
-def check_rabbitmq_options(options: RunOptions) -> None:
-    """:func:`check_stream_options` as ``--source rabbitmq-stream``."""
-    check_stream_options(dataclasses.replace(options, source=RABBITMQ_STREAM))
 
 
 def build_stream_engine(

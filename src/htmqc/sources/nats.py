@@ -138,9 +138,13 @@ def offsets_key(group: str, topic: str, partition: int) -> str:
     return f"{group}.{topic}.{partition}"
 
 
+#: What a topic or group name names here (in the refusal).
+WHAT_NAMES = "a NATS stream or subject token"
+
+
 def check_name(what: str, name: str) -> None:
     """:raises UsageError: ``name`` is not letters, digits, ``_`` and ``-``."""
-    check_plain(what, name, "a NATS stream or subject token")
+    check_plain(what, name, WHAT_NAMES)
 
 
 def servers_of(bootstrap: str) -> list[str]:
@@ -232,6 +236,7 @@ class NatsConsumer(PumpedConsumer):
     """
 
     SOURCE, OPTION = "NATS", "nats"
+    NAMES = WHAT_NAMES
 
     def __init__(
         self,
@@ -264,12 +269,6 @@ class NatsConsumer(PumpedConsumer):
             self._stop_loop()
             raise
         self._js: Any = self._nc.jetstream()
-
-    def _stream(self, topic: str, partition: int) -> str:
-        return stream_name(topic, partition)
-
-    def _check_topic(self, topic: str) -> None:
-        check_name("topic", topic)
 
     def _lost_lease(self) -> RuntimeFailure:
         return RuntimeFailure(

@@ -179,9 +179,11 @@ class PumpedConsumer:
     ``on_commit(err, partitions)``: the outcome of each asynchronous commit,
     called on the thread that calls :meth:`consume`."""
 
-    #: The source's name in messages ("NATS") and its ``--source`` value ("nats").
+    #: The source's name in messages ("NATS"), its ``--source`` value ("nats"), and
+    #: what its topic names name ("a NATS stream").
     SOURCE = ""
     OPTION = ""
+    NAMES = ""
 
     def __init__(
         self,
@@ -220,11 +222,11 @@ class PumpedConsumer:
 
     def _stream(self, topic: str, partition: int) -> str:
         """The name of ``topic``'s ``partition``'s stream."""
-        raise NotImplementedError
+        return stream_name(topic, partition)
 
     def _check_topic(self, topic: str) -> None:
         """:raises UsageError: ``topic`` cannot name the source's streams."""
-        raise NotImplementedError
+        check_plain("topic", topic, self.NAMES)
 
     def partitions(self, topic: str) -> int:
         """How many partitions ``topic`` has (0: none)."""

@@ -116,9 +116,13 @@ def lease_queue(group: str, topic: str) -> str:
     return f"htmqc.lease.{group}.{topic}"
 
 
+#: What a topic or group name names here (in the refusal).
+WHAT_NAMES = "a RabbitMQ stream"
+
+
 def check_name(what: str, name: str) -> None:
     """:raises UsageError: ``name`` is not letters, digits, ``_`` and ``-``."""
-    check_plain(what, name, "a RabbitMQ stream")
+    check_plain(what, name, WHAT_NAMES)
 
 
 @dataclass(frozen=True)
@@ -312,6 +316,7 @@ class RabbitStreamConsumer(PumpedConsumer):
     """
 
     SOURCE, OPTION = "RabbitMQ", SCHEME
+    NAMES = WHAT_NAMES
 
     def __init__(
         self, bootstrap: str, group: str, *, connect_seconds: float = 10.0, **options: Any
@@ -344,12 +349,6 @@ class RabbitStreamConsumer(PumpedConsumer):
         except BaseException:
             await self._rs.close()
             raise
-
-    def _stream(self, topic: str, partition: int) -> str:
-        return stream_name(topic, partition)
-
-    def _check_topic(self, topic: str) -> None:
-        check_name("topic", topic)
 
     def _lost_lease(self) -> RuntimeFailure:
         return RuntimeFailure(
