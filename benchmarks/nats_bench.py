@@ -229,6 +229,19 @@ def htmqc_rate(
     return count / (engine.stopped_at - engine.first_message_at)
 
 
+class Producing:
+    """A source's client whose ``produce(url, topic, count, ...)`` writes through it."""
+
+    def __init__(self, client: Any, produce: Callable[..., int]) -> None:
+        self.client, self._produce = client, produce
+
+    def produce(self, url: str, topic: str, count: int, **kw: Any) -> int:
+        return self._produce(url, topic, count, client=self.client, **kw)
+
+    def close(self) -> None:
+        self.client.close()
+
+
 def _server_version() -> str:
     from htmqc.sources.nats_server import nats_server_binary
 
@@ -237,6 +250,28 @@ def _server_version() -> str:
         return "?"
     done = subprocess.run([exe, "--version"], capture_output=True, text=True, check=False)
     return done.stdout.strip() or done.stderr.strip()
+
+
+def run_rounds(
+    variants: dict[str, Callable[[int], float]], rounds: int, runs: dict[str, list[float]]
+) -> None:
+    """Run every variant ``rounds`` times, interleaved, each rate into ``runs``."""
+    for r in range(rounds):
+        for name, run in variants.items():
+            rate = run(r)
+            runs.setdefault(name, []).append(rate)
+            print(f"round {r + 1} {name:<22} {rate:>10,.0f} msg/s", flush=True)
+
+
+def produce_topic(client: Any, url: str, topic: str, args: argparse.Namespace) -> None:
+    """Write the benchmark's topic (``args.count`` messages, 1,000 keys) with the
+    source's ``client``, then close it."""
+    try:
+        started = time.perf_counter()
+        client.produce(url, topic, args.count, partitions=args.partitions, keys=1000)
+        print(f"produced {args.count:,} in {time.perf_counter() - started:.1f} s", flush=True)
+    finally:
+        client.close()
 
 
 def _run_variants(
@@ -250,14 +285,7 @@ def _run_variants(
     (interleaved) into ``runs``; stop the server."""
     with start_nats(store=work / "js") as server:
         url, topic = server.url, "bench"
-        client = NatsClient(url)
-        try:
-            started = time.perf_counter()
-            produce(url, topic, args.count, partitions=args.partitions, keys=1000,
-                    client=client)  # fmt: skip
-            print(f"produced {args.count:,} in {time.perf_counter() - started:.1f} s", flush=True)
-        finally:
-            client.close()
+        produce_topic(Producing(NatsClient(url), produce), url, topic, args)
         parts = args.partitions
         variants: dict[str, Callable[[int], float]] = {
             "raw_loop": lambda r: raw_loop(url, topic, parts, args.count),
@@ -273,11 +301,7 @@ def _run_variants(
                 sink=f"sqlite:///{work / f'eo-{r}.db'}",
             ),
         }
-        for r in range(args.rounds):
-            for name, run in variants.items():
-                rate = run(r)
-                runs.setdefault(name, []).append(rate)
-                print(f"round {r + 1} {name:<22} {rate:>10,.0f} msg/s", flush=True)
+        run_rounds(variants, args.rounds, runs)
 
 
 def main(argv: list[str] | None = None) -> int:

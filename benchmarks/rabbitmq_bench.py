@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.nats_bench import htmqc_rate
+from benchmarks.nats_bench import Producing, htmqc_rate, produce_topic, run_rounds
 from htmqc.core import CONTRACTS_ENABLED
 from htmqc.sources.rabbitmq import RabbitStreamClient, connect, endpoint_of, produce, stream_name
 from htmqc.sources.rabbitmq_server import start_rabbitmq
@@ -89,14 +89,7 @@ def _run_variants(
     (interleaved) into ``runs``; stop the node. Returns its start-up seconds."""
     with start_rabbitmq() as server:
         url, topic = server.url, "bench"
-        client = RabbitStreamClient(url)
-        try:
-            started = time.perf_counter()
-            produce(url, topic, args.count, partitions=args.partitions, keys=1000,
-                    client=client)  # fmt: skip
-            print(f"produced {args.count:,} in {time.perf_counter() - started:.1f} s", flush=True)
-        finally:
-            client.close()
+        produce_topic(Producing(RabbitStreamClient(url), produce), url, topic, args)
         parts = args.partitions
         variants: dict[str, Callable[[int], float]] = {
             "raw_loop": lambda r: raw_loop(url, topic, parts, args.count),
@@ -108,11 +101,7 @@ def _run_variants(
                 mode="exactly-once", sink=f"sqlite:///{work / f'eo-{r}.db'}",
             ),
         }
-        for r in range(args.rounds):
-            for name, run in variants.items():
-                rate = run(r)
-                runs.setdefault(name, []).append(rate)
-                print(f"round {r + 1} {name:<22} {rate:>10,.0f} msg/s", flush=True)
+        run_rounds(variants, args.rounds, runs)
         return server.started_seconds
 
 

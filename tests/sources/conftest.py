@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -37,6 +38,23 @@ def rabbitmq_server() -> Iterator[RabbitServer]:
     require_module("pika")
     with start_rabbitmq(binary=binary) as server:
         yield server
+
+
+@pytest.fixture
+def client(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """An admin and producing client of the server the test asked for: a
+    :class:`~htmqc.sources.rabbitmq.RabbitStreamClient` with ``rabbitmq_server``,
+    else a :class:`~htmqc.sources.nats.NatsClient`."""
+    if "rabbitmq_server" in request.fixturenames:
+        from htmqc.sources.rabbitmq import RabbitStreamClient
+
+        c: Any = RabbitStreamClient(request.getfixturevalue("rabbitmq_server").url)
+    else:
+        from htmqc.sources.nats import NatsClient
+
+        c = NatsClient(request.getfixturevalue("nats_server").url)
+    yield c
+    c.close()
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +30,6 @@ from tests.services import require_nats_server
 from tests.sources.support import assign_at, check_commits, check_seek_and_pause, drain
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def client(nats_server: NatsServer) -> Iterator[NatsClient]:
-    c = NatsClient(nats_server.url)
-    yield c
-    c.close()
 
 
 def test_offsets_are_sequences_minus_one_dense_with_holes_where_deleted(

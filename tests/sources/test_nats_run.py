@@ -16,7 +16,7 @@ test_modes_broker.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -34,13 +34,6 @@ from tests.runtime.test_run_broker import (
 from tests.sources.support import HANDLERS, check_exactly_once_across_sigkill, positions
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def client(nats_server: NatsServer) -> Iterator[NatsClient]:
-    c = NatsClient(nats_server.url)
-    yield c
-    c.close()
 
 
 def nats(*args: str) -> list[str]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,13 +32,6 @@ from tests.services import require_rabbitmq_server
 from tests.sources.support import assign_at, check_commits, check_seek_and_pause, drain
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def client(rabbitmq_server: RabbitServer) -> Iterator[RabbitStreamClient]:
-    c = RabbitStreamClient(rabbitmq_server.url)
-    yield c
-    c.close()
 
 
 def test_offsets_are_dense_stream_offsets_with_keys_and_headers(

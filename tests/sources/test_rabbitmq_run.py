@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +39,6 @@ from tests.runtime.test_run_broker import (
 from tests.sources.support import HANDLERS, check_exactly_once_across_sigkill, positions
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def client(rabbitmq_server: RabbitServer) -> Iterator[RabbitStreamClient]:
-    c = RabbitStreamClient(rabbitmq_server.url)
-    yield c
-    c.close()
 
 
 def rabbit(*args: str) -> list[str]:
