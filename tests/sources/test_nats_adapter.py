@@ -1,8 +1,9 @@
 """The JetStream adapter (:mod:`htmqc.sources.nats`) against a real ``nats-server``:
 offsets are stream sequences minus one (dense, with holes where messages were
-deleted or purged), seek, pause, commits in the KV bucket and their callbacks,
-one assignment of every partition, nothing left on the server after close; and
-the launcher leaves nothing running. Run-level evidence is in ``test_nats_run.py``.
+deleted or purged), one assignment of every partition, nothing left on the
+server after close; and the launcher leaves nothing running. Run-level evidence
+is in ``test_nats_run.py``; seek, pause and commits in the KV bucket (with their
+metadata), shared with RabbitMQ, in ``test_source_contract.py``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from htmqc.sources.nats import (
 )
 from htmqc.sources.nats_server import NatsServer, start_nats
 from tests.services import require_nats_server
-from tests.sources.support import assign_at, check_commits, check_seek_and_pause, drain
+from tests.sources.support import assign_at, drain
 
 pytestmark = pytest.mark.slow
 
@@ -83,29 +84,6 @@ def test_a_purge_moves_the_low_watermark_and_a_seek_below_it_lands_on_the_first_
         assert [m.offset() for m in got] == list(range(20, 50))
     finally:
         consumer.close()
-
-
-def test_seek_refetches_and_pause_hides_a_partition(
-    nats_server: NatsServer, client: NatsClient, topic_name: Callable[[], str]
-) -> None:
-    topic = topic_name()
-    produce(nats_server.url, topic, 200, partitions=2, client=client)
-    consumer = NatsConsumer(nats_server.url, "g")
-    try:
-        check_seek_and_pause(consumer, topic)
-    finally:
-        consumer.close()
-
-
-def test_commits_are_stored_in_order_and_acknowledged_inside_consume(
-    nats_server: NatsServer, client: NatsClient, topic_name: Callable[[], str]
-) -> None:
-    topic = topic_name()
-    produce(nats_server.url, topic, 10, partitions=2, client=client)
-    check_commits(
-        lambda **kw: NatsConsumer(nats_server.url, "grp", **kw), topic,
-        lambda p: client.committed("grp", topic, p), keeps=True,
-    )  # fmt: skip
 
 
 def test_close_leaves_no_pull_consumer_on_the_server(

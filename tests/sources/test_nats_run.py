@@ -4,14 +4,13 @@ JetStream, in subprocesses, against a private ``nats-server`` (tests/sources/con
 * at-least-once over a 4-partition topic across a SIGKILL: nothing lost, the
   successor waits for the dead member's lease, starts at the commits in the KV
   bucket, and the duplicates are exactly the killed process's uncommitted window;
-* exactly-once into SQLite across a SIGKILL mid-transaction: every effect stored
-  exactly once, and the restart resumes at the sink's positions;
 * deleted and purged messages (holes in the stream sequence) are gaps: the rest
   is stored exactly once and the positions reach the log end;
 * at-least-once dead letters are published to the subject ``TOPIC.dlq``.
 
-The audit helpers are the Kafka tests' (tests/runtime/test_run_broker.py,
-test_modes_broker.py).
+Exactly-once into SQLite across a SIGKILL, shared by both sources, is in
+test_source_contract.py. The audit helpers are the Kafka tests'
+(tests/runtime/test_run_broker.py, test_modes_broker.py).
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from tests.runtime.test_run_broker import (
     htmqc_run,
     wait_for,
 )
-from tests.sources.support import HANDLERS, check_exactly_once_across_sigkill, positions
+from tests.sources.support import HANDLERS, positions
 
 pytestmark = pytest.mark.slow
 
@@ -70,17 +69,6 @@ def test_at_least_once_across_sigkill_loses_nothing(
     assert "waiting as a standby" in log2.read_text()
     audit_sigkill_restart(out1, out2, log2, topic, n)
     assert committed() == n
-
-
-def test_exactly_once_into_sqlite_across_sigkill(
-    nats_server: NatsServer,
-    client: NatsClient,
-    topic_name: Callable[[], str],
-    tmp_path: Path,
-) -> None:
-    topic, n = topic_name(), 8000
-    produce(nats_server.url, topic, n, partitions=4, client=client)
-    check_exactly_once_across_sigkill(nats_server.url, topic, nats(), tmp_path, n)
 
 
 def test_deleted_and_purged_messages_are_gaps(

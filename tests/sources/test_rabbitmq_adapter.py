@@ -4,7 +4,8 @@ node (:mod:`htmqc.sources.rabbitmq_server`): offsets are stream offsets (dense f
 key and headers, seek and pause, commits by offset tracking (one number) and their
 callbacks, the lease (a standby takes over when the holder goes), refusals in one
 line, and a node that leaves nothing running. Run-level evidence is in
-``test_rabbitmq_run.py``."""
+``test_rabbitmq_run.py``; seek, pause and ordered commits (without metadata here),
+shared with NATS, in ``test_source_contract.py``."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from htmqc.sources.rabbitmq import (
 )
 from htmqc.sources.rabbitmq_server import RabbitServer, start_rabbitmq
 from tests.services import require_rabbitmq_server
-from tests.sources.support import assign_at, check_commits, check_seek_and_pause, drain
+from tests.sources.support import assign_at, drain
 
 pytestmark = pytest.mark.slow
 
@@ -87,30 +88,6 @@ def test_retention_moves_the_low_watermark_and_a_read_below_it_starts_at_the_fir
         assert [m.offset() for m in got] == list(range(low, 600)), "a gap, then dense"
     finally:
         consumer.close()
-
-
-def test_seek_refetches_and_pause_hides_a_partition(
-    rabbitmq_server: RabbitServer, client: RabbitStreamClient, topic_name: Callable[[], str]
-) -> None:
-    topic = topic_name()
-    produce(rabbitmq_server.url, topic, 200, partitions=2, client=client)
-    consumer = RabbitStreamConsumer(rabbitmq_server.url, "g")
-    try:
-        check_seek_and_pause(consumer, topic)
-    finally:
-        consumer.close()
-
-
-def test_commits_are_tracked_offsets_acknowledged_inside_consume_without_metadata(
-    rabbitmq_server: RabbitServer, client: RabbitStreamClient, topic_name: Callable[[], str]
-) -> None:
-    topic = topic_name()
-    produce(rabbitmq_server.url, topic, 10, partitions=2, client=client)
-    # Offset tracking keeps one number: the finished-above metadata is not kept.
-    check_commits(
-        lambda **kw: RabbitStreamConsumer(rabbitmq_server.url, "grp", **kw), topic,
-        lambda p: client.committed("grp", topic, p), keeps=False,
-    )  # fmt: skip
 
 
 def test_a_second_member_waits_as_a_standby_and_takes_over_when_the_first_goes(

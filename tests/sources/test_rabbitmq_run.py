@@ -6,14 +6,13 @@ RabbitMQ streams, in subprocesses, against a private node (tests/sources/conftes
   AMQP connection went with it), starts at the tracked offsets, and the
   duplicates are exactly the killed process's uncommitted window (offset tracking
   keeps one number, so the work finished above the watermark is in that window);
-* exactly-once into SQLite across a SIGKILL mid-transaction: every effect stored
-  exactly once, and the restart resumes at the sink's positions;
 * offsets deleted by retention (the head of a small stream) are a gap: the rest is
   stored exactly once and the positions reach the log end;
 * at-least-once dead letters are published to the stream ``TOPIC.dlq``.
 
-The audit helpers are the Kafka tests' (tests/runtime/test_run_broker.py,
-test_modes_broker.py).
+Exactly-once into SQLite across a SIGKILL, shared by both sources, is in
+test_source_contract.py. The audit helpers are the Kafka tests'
+(tests/runtime/test_run_broker.py, test_modes_broker.py).
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from tests.runtime.test_run_broker import (
     htmqc_run,
     wait_for,
 )
-from tests.sources.support import HANDLERS, check_exactly_once_across_sigkill, positions
+from tests.sources.support import HANDLERS, positions
 
 pytestmark = pytest.mark.slow
 
@@ -77,17 +76,6 @@ def test_at_least_once_across_sigkill_a_standby_takes_over_and_loses_nothing(
     assert not out2.exists() or out2.stat().st_size > 0
     audit_sigkill_restart(out1, out2, log2, topic, n)
     assert committed() == n
-
-
-def test_exactly_once_into_sqlite_across_sigkill(
-    rabbitmq_server: RabbitServer,
-    client: RabbitStreamClient,
-    topic_name: Callable[[], str],
-    tmp_path: Path,
-) -> None:
-    topic, n = topic_name(), 5000
-    produce(rabbitmq_server.url, topic, n, partitions=4, client=client)
-    check_exactly_once_across_sigkill(rabbitmq_server.url, topic, rabbit(), tmp_path, n)
 
 
 def test_offsets_deleted_by_retention_are_a_gap(
