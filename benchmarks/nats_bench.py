@@ -242,6 +242,23 @@ class Producing:
         self.client.close()
 
 
+def summarize(results: dict[str, Any], runs: dict[str, list[float]]) -> dict[str, float]:
+    """Each variant's median rate (``results["msg_per_s"]``) and its ratio to
+    ``raw_loop`` (``results["ratio_to_raw"]``); returns the medians."""
+    medians = {k: statistics.median(v) for k, v in runs.items()}
+    results["msg_per_s"] = medians
+    raw = medians["raw_loop"]
+    results["ratio_to_raw"] = {k: round(v / raw, 3) for k, v in medians.items()}
+    return medians
+
+
+def write_results(out: Path, results: dict[str, Any]) -> None:
+    """``results`` as JSON into ``out``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"written to {out}")
+
+
 def _server_version() -> str:
     from htmqc.sources.nats_server import nats_server_binary
 
@@ -338,10 +355,8 @@ def main(argv: list[str] | None = None) -> int:
         _run_variants(work, args, runs, count_only, record)
     finally:
         shutil.rmtree(work, ignore_errors=True)  # the server's store and the databases
-    medians = {k: statistics.median(v) for k, v in runs.items()}
-    results["msg_per_s"] = medians
+    medians = summarize(results, runs)
     raw = medians["raw_loop"]
-    results["ratio_to_raw"] = {k: round(v / raw, 3) for k, v in medians.items()}
     pull = medians["raw_pull"]
     results["ratio_to_raw_pull"] = {k: round(v / pull, 3) for k, v in medians.items()}
     results["exactly_once_sqlite_to_raw_sqlite"] = round(
@@ -354,9 +369,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{rate / pull:5.2f}x raw_pull"
         )
     print(f"exactly_once_sqlite / raw_sqlite: {results['exactly_once_sqlite_to_raw_sqlite']:.2f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"written to {args.out}")
+    write_results(args.out, results)
     return 0
 
 

@@ -26,17 +26,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import platform
 import shutil
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.nats_bench import Producing, htmqc_rate, produce_topic, run_rounds
+from benchmarks.nats_bench import (
+    Producing,
+    htmqc_rate,
+    produce_topic,
+    run_rounds,
+    summarize,
+    write_results,
+)
 from htmqc.core import CONTRACTS_ENABLED
 from htmqc.sources.rabbitmq import RabbitStreamClient, connect, endpoint_of, produce, stream_name
 from htmqc.sources.rabbitmq_server import start_rabbitmq
@@ -136,17 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         results["node_start_s"] = round(_run_variants(work, args, runs, count_only, record), 2)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    medians = {k: statistics.median(v) for k, v in runs.items()}
-    results["msg_per_s"] = medians
+    medians = summarize(results, runs)
     raw = medians["raw_loop"]
-    results["ratio_to_raw"] = {k: round(v / raw, 3) for k, v in medians.items()}
     print()
     for name, rate in medians.items():
         print(f"{name:<22} {rate:>10,.0f} msg/s  {rate / raw:5.2f}x raw_loop")
     print(f"node started in {results['node_start_s']} s")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"written to {args.out}")
+    write_results(args.out, results)
     return 0
 
 
