@@ -135,7 +135,7 @@ class Intake:
             lease = gate.lease(tp)
             if lease is None or not gate.fetchable(tp) or core.tracker(tp).draining:
                 continue
-            if tp[0] == e.retry_topic:
+            if tp[0] in e.retry_sources:
                 batch = self.due_prefix(tp, batch)
                 if not batch:
                     continue
@@ -243,7 +243,7 @@ class Intake:
             return ()
         e = self.engine
         topic = e.subscription.single
-        if e.retry_topic is None and topic is not None:
+        if not e.retry_sources and topic is not None:
             runs = [(p, list(run)) for p, run in groupby(msgs, partition)]
             if len(runs) == len({p for p, _ in runs}):
                 return [((topic, p), run) for p, run in runs]
