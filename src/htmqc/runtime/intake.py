@@ -43,6 +43,7 @@ from htmqc.runtime.retry_topic import retry_after_ms
 
 if TYPE_CHECKING:
     from htmqc.runtime.loop import Engine
+    from htmqc.runtime.workers import Run
 
 log = logging.getLogger("htmqc.runtime")
 
@@ -131,6 +132,7 @@ class Intake:
         breaker = e.breaker
         allowance = breaker.allowance()
         budget = self.budget
+        runs: list[Run] = []
         for tp, batch in self.by_partition(msgs, partition):
             lease = gate.lease(tp)
             if lease is None or not gate.fetchable(tp) or core.tracker(tp).draining:
@@ -185,7 +187,9 @@ class Intake:
             lease.count += len(run)
             lease.nbytes += nbytes
             e.stats.started(len(run), nbytes)
-            e.workers.submit(lease, batch, (list(run), nbytes))
+            runs.append((lease, batch, (list(run), nbytes)))
+        if runs:
+            e.workers.submit_many(runs)
 
     def throttle(
         self, tp: TopicPartition, offset: int, now: float, processed: int, live: int
