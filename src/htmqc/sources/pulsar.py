@@ -46,6 +46,25 @@ admin calls.
 
 Every offset *decision* stays in the core: this module converts message ids to offsets
 and back.
+
+Not written yet (the consumer, in the shape of :mod:`htmqc.sources.nats`)
+--------------------------------------------------------------------------
+* Fetching: one non-durable reader per assigned partition (``create_reader`` at the
+  located id, ``start_message_id_inclusive``), recreated on ``seek``; a redelivered id
+  at or below the last one handed out is dropped before :class:`OffsetMapper` sees it.
+  A durable subscription's ``seek`` would move the group's cursor, so it is not the
+  fetch cursor.
+* At-least-once commits: a cumulative ack, on a durable ``Failover`` subscription
+  named after the group, of the message at ``offset - 1`` (located); the commit's
+  metadata (work finished above the watermark) has no place in an ack, so it needs a
+  store of its own (as NATS's KV bucket: e.g. a compacted topic ``GROUP.T`` keyed by
+  partition), and ``committed`` reads the offset back from it, not from the cursor.
+  ``pulsar-client``'s acks are not confirmed: ``commit_acked`` must wait for the
+  store's write, not for the ack.
+* Exactly-once: positions from the SQL sink (its claim, then ``seek``), as for NATS;
+  ``pulsar-client`` (Python) has no transaction API.
+* Group membership: a ``Failover`` subscription gives each partition one active
+  consumer; ``on_assign``/``on_revoke`` have no Python callbacks for its changes.
 """
 
 from __future__ import annotations
