@@ -173,3 +173,45 @@ def test_a_real_broker_numbers_each_partition_densely(
         assert [admin.locate(name, part, o) for o in range(len(got))] == got
         assert admin.locate(name, part, len(got)) is None
 
+
+
+@pytest.mark.slow
+def test_a_reader_started_at_a_located_offset_reads_on_from_it(
+    pulsar_server: PulsarServer, topic_name: Callable[[], str]
+) -> None:
+    """The fetch cursor of a seek: a reader at ``locate(offset)``, inclusive, starts at
+    that message even inside a batch, and the mapper numbers what follows."""
+    pulsar: Any = require_module("pulsar")
+    name = topic_name()
+    topic = pulsar_server.create_partitioned_topic(name, 1)
+    admin = PulsarAdmin(pulsar_server.admin_url)
+    client = pulsar.Client(pulsar_server.url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        producer = client.create_producer(
+            topic, batching_enabled=True, batching_max_messages=5,
+            batching_max_publish_delay_ms=20,
+        )  # fmt: skip
+        for i in range(20):
+            producer.send_async(f"m{i}".encode(), None)
+        producer.flush()
+        for start in (0, 3, 7, 19):
+            located = admin.locate(name, 0, start)
+            assert located is not None
+            ledger, entry, batch = located
+            reader = client.create_reader(
+                partition_topic(name, 0),
+                pulsar.MessageId(ledger_id=ledger, entry_id=entry, batch_index=batch),
+                start_message_id_inclusive=True,
+            )
+            mapper = OffsetMapper(lambda led, ent: admin.entry(name, 0, led, ent))
+            got = []
+            while reader.has_message_available():
+                message = reader.read_next(5000)
+                mid = message.message_id()
+                offset = mapper.offset(mid.ledger_id(), mid.entry_id(), mid.batch_index())
+                got.append((offset, message.data()))
+            reader.close()
+            assert got == [(o, f"m{o}".encode()) for o in range(start, 20)]
+            assert mapper.lookups == 1
+    finally:
+        client.close()
