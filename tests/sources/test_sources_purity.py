@@ -12,7 +12,10 @@ import pytest
 
 SOURCES = Path(__file__).resolve().parents[2] / "src" / "htmqc" / "sources"
 #: The htmqc modules an adapter may import: errors, the test message format, DLQ names.
-ALLOWED = {"htmqc.errors", "htmqc.produce", "htmqc.dlq.record", "htmqc.sources.nats_server"}
+ALLOWED = {
+    "htmqc.errors", "htmqc.produce", "htmqc.dlq.record", "htmqc.sources.nats_server",
+    "htmqc.sources.pulsar_server",
+}  # fmt: skip
 #: The core's decision API (htmqc.core): only the runtime calls it.
 CORE_NAMES = {
     "ConsumerCore", "PartitionTracker", "commits", "commit_requested", "commit_acked",
