@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml
 
 # Debian packages, PostgreSQL and Redis on loopback, Apache Kafka's jars: tools/provision.py
 # (idempotent; a second run only probes). Tests never install or start any of these.
-setup: ## install what is missing (venv, Debian packages, Kafka jars, Apicurio Registry) and start the services
+setup: ## install what is missing (venv, Debian packages, Kafka and Pulsar jars, Apicurio Registry) and start the services
 	$(PYTHON) tools/provision.py
 	@$(MAKE) --no-print-directory $(STAMP)
 

@@ -111,3 +111,18 @@ def require_rabbitmq_server() -> str:
     if path is None:
         missing("rabbitmq-server is not installed (Debian package rabbitmq-server)")
     return path
+
+
+def require_pulsar() -> None:
+    """Java, Apache Pulsar's jars (``make setup``: ``build/pulsar/libs``) and the
+    ``pulsar-client`` module, or skip/fail. Tests start their own standalone broker
+    (:mod:`htmqc.sources.pulsar_server`)."""
+    from htmqc.errors import RuntimeFailure
+    from htmqc.sources.pulsar_server import java_binary, pulsar_libs
+
+    try:
+        java_binary()
+        pulsar_libs()
+    except RuntimeFailure as exc:
+        missing(exc.problem, exc.fix)
+    require_module("pulsar")

@@ -15,7 +15,9 @@ Contract
 * Fetches Apache Kafka from Maven Central into ``build/kafka/`` (see ``tools/kafka/``),
   Spark's Kafka connector into ``build/spark-kafka/`` (see ``tools/spark-kafka/``), and
   Apicurio Registry's distribution into ``build/apicurio/app`` (see ``tools/apicurio/``;
-  the Schema Registry of the serializer tests, started by them: src/htmqc/schema_registry.py).
+  the Schema Registry of the serializer tests, started by them: src/htmqc/schema_registry.py),
+  and Apache Pulsar's broker jars into ``build/pulsar/`` (see ``tools/pulsar/``; a standalone
+  broker started by the Pulsar tests: src/htmqc/sources/pulsar_server.py).
 * Idempotent, and fast when everything is there: a second run only probes (well under
   a second plus the Maven check, which is a stamp file).
 * Uses the standard library only: it runs with the system ``python3`` before the venv exists.
@@ -223,9 +225,9 @@ def redis() -> None:
 
 # -- Apache Kafka ---------------------------------------------------------------------------
 
-def maven_jars(name: str, what: str) -> None:
+def maven_jars(name: str, what: str, settings: Path | None = None) -> None:
     """Resolve ``tools/<name>/pom.xml``'s runtime jars with Maven into build/<name>/libs
-    (a stamp newer than the pom makes reruns free)."""
+    (a stamp newer than the pom makes reruns free); ``settings``: a Maven settings file."""
     pom = ROOT / "tools" / name / "pom.xml"
     if not pom.exists():
         return
@@ -238,7 +240,8 @@ def maven_jars(name: str, what: str) -> None:
     libs.mkdir(parents=True, exist_ok=True)
     for old in libs.glob("*.jar"):
         old.unlink()
-    run(["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
+    with_settings = ["-s", str(settings)] if settings else []
+    run(["mvn", "-q", "-B", *with_settings, "-f", str(pom), "dependency:copy-dependencies",
          f"-DoutputDirectory={libs}", "-DincludeScope=runtime"], timeout=1800,
         what="mvn dependency:copy-dependencies")
     stamp.touch()
@@ -253,6 +256,13 @@ def kafka() -> None:
 def spark_kafka() -> None:
     """Spark's Kafka connector for PySpark (``tools/spark-kafka/``; htmqc.spark.session)."""
     maven_jars("spark-kafka", "Spark's Kafka connector")
+
+
+def pulsar() -> None:
+    """Apache Pulsar's broker jars (``tools/pulsar/``), run as a standalone by the Pulsar
+    tests (src/htmqc/sources/pulsar_server.py). Maven Central only (the Apicurio settings):
+    with the default repositories the same resolution takes a minute longer."""
+    maven_jars("pulsar", "Apache Pulsar", ROOT / "tools" / "apicurio" / "settings.xml")
 
 
 def apicurio() -> None:
@@ -292,6 +302,7 @@ STEPS: dict[str, tuple[tuple[str, ...], Callable[[], None] | None]] = {
     "kafka": (("java", "maven"), kafka),
     "spark-kafka": (("java", "maven"), spark_kafka),
     "apicurio": (("java", "maven"), apicurio),
+    "pulsar": (("java", "maven"), pulsar),
     "nats": (("nats",), None),
     "rabbitmq": (("rabbitmq",), None),
 }

@@ -286,15 +286,23 @@ def try_mutant(
     )
 
 
+def diff_body(diff: str) -> str:
+    """``diff`` without its hunk headers (``@@ -131,3 +131,3 @@``): the mutant's
+    changed line and its context, wherever they are in the file. A mutant whose
+    text and surroundings are unchanged keeps its earlier result when lines are
+    added above it (as ``--resume`` already keeps it when other files change)."""
+    return "\n".join(line for line in diff.splitlines() if not line.startswith("@@"))
+
+
 def load_previous(path: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
-    """Earlier results keyed by ``(key, diff, chain)``."""
+    """Earlier results keyed by ``(key, diff_body(diff), chain)``."""
     if not path.exists():
         return {}
     out = {}
     for line in path.read_text().splitlines():
         if line.strip():
             row = json.loads(line)
-            out[(row["key"], row["diff"], row["chain"])] = row
+            out[(row["key"], diff_body(row["diff"]), row["chain"])] = row
     return out
 
 
@@ -321,7 +329,7 @@ def run_all(
         done: dict[str, Result] = {}
         todo = []
         for m in mutants:
-            row = previous.get((m.key, m.diff, chain_digest(chain_for(Path(m.file)))))
+            row = previous.get((m.key, diff_body(m.diff), chain_digest(chain_for(Path(m.file)))))
             if row is not None and row["status"] in ("survived", "equivalent") and not any(
                 c["verdict"] in ("pass", "fail", "timeout") for c in row["checks"]
             ):
@@ -334,7 +342,8 @@ def run_all(
             status, killer = decide([Outcome(**c) for c in row["checks"]], True, reason)
             if row["killed_by"] == "syntax":
                 status, killer = "killed", "syntax"
-            done[m.id] = Result(**{**row, "status": status, "killed_by": killer,
+            done[m.id] = Result(**{**row, "id": m.id, "line": m.line, "diff": m.diff,
+                                   "status": status, "killed_by": killer,
                                    "reason": reason if status == "equivalent" else None})
         if cached_only:
             todo = []

@@ -67,11 +67,12 @@ class FailuresRecorder:
         tp: str = "orders/0",
         epoch: int = 1,
         offset: int = 7,
+        per_source: tuple[tuple[str, str], ...] = (),
     ) -> dict[str, Any]:
         """One call: ``count`` is this assignment's failure count (this one included),
         ``prior`` the attempts on a retry-topic record, ``from_topic`` whether it was read
         from the retry topic (default: ``prior > 0``), ``min_delay`` ``None`` for no
-        retry topic."""
+        retry topic; ``per_source`` the retry topic's ``(source, retry)`` pairs."""
         max_retries, base, cap = policy
         from_topic = prior > 0 if from_topic is None else from_topic
         if from_topic and min_delay is None:
@@ -94,7 +95,10 @@ class FailuresRecorder:
             },
             "failure_count": count,
             "retry": {"max_retries": max_retries, "base_delay": base, "max_delay": cap},
-            "retry_topic": None if min_delay is None else {"name": TOPIC, "min_delay": min_delay},
+            "retry_topic": None if min_delay is None else {
+                "name": TOPIC, "min_delay": min_delay,
+                **({"per_source": [list(pair) for pair in per_source]} if per_source else {}),
+            },
             "now": now,
             "jitter": jitter,
             "held_for": held_for,
@@ -110,7 +114,7 @@ class FailuresRecorder:
             max_retries=max_retries,
             base=base,
             cap=cap,
-            retry_topic=None if min_delay is None else TOPIC,
+            retry_topic=None if min_delay is None else destination(tp, per_source),
             min_delay=0.0 if min_delay is None else min_delay,
             now=now,
             jitter=jitter,
@@ -120,6 +124,13 @@ class FailuresRecorder:
         self.rows.add(_row(result, held_for is not None and not too_large))
         self.steps.append({"op": "decide", "args": args, "result": result})
         return result
+
+
+def destination(tp: str, per_source: tuple[tuple[str, str], ...]) -> str:
+    """Where a hand-off of a message read from ``tp`` goes (spec §4b, row 6): the
+    retry topic of the pair naming its topic as source or retry, else ``TOPIC``."""
+    topic = tp.rsplit("/", 1)[0]
+    return next((retry for source, retry in per_source if topic in (source, retry)), TOPIC)
 
 
 def result_json(ref: tuple[object, ...], tp: str, epoch: int, offset: int) -> dict[str, Any]:
@@ -240,6 +251,22 @@ def failures_retry_topic(r: FailuresRecorder) -> None:
     r.decide(from_topic=True, count=4, jitter=0.5, min_delay=1e9)
 
 
+def failures_retry_topic_per_source(r: FailuresRecorder) -> None:
+    """Several source topics, each with its own retry topic (``per_source``): a hand-off
+    goes to the retry topic of the topic the message was read from, whether that is the
+    source or its retry topic; from a topic no pair names, to ``name``. Decisions that
+    are not hand-offs do not depend on it."""
+    pairs = (("orders", "orders.retry"), ("refunds", "refunds.retry"))
+    r.decide(tp="refunds/1", jitter=0.0, min_delay=0.0, per_source=pairs)
+    r.decide(tp="orders/0", jitter=0.0, min_delay=0.0, per_source=pairs)
+    r.decide(tp="refunds.retry/0", prior=1, jitter=0.5, min_delay=1e9, per_source=pairs)
+    r.decide(tp="orders.retry/2", from_topic=True, jitter=0.5, min_delay=1e9, per_source=pairs)
+    r.decide(tp="audit/0", jitter=0.0, min_delay=0.0, per_source=pairs)
+    r.decide(tp="refunds/1", jitter=0.5, min_delay=1e9, per_source=pairs)
+    r.decide(tp="refunds.retry/0", prior=3, count=1, jitter=0.5, min_delay=1e9,
+             per_source=pairs)  # fmt: skip
+
+
 def failures_backoff_bits(r: FailuresRecorder) -> None:
     """The backoff and its due time bit for bit: jitter x min(max_delay, base_delay x
     2^min(n-1, 1000)), then now + it, in doubles, n the attempts; the cap before the jitter,
@@ -274,8 +301,8 @@ def failures_echo(r: FailuresRecorder) -> None:
 SCENARIOS: dict[str, Callable[[FailuresRecorder], None]] = {
     f.__name__: f
     for f in (failures_too_large_first, failures_breaker_hold, failures_poison_and_fatal,
-              failures_permanent, failures_budget, failures_retry_topic, failures_backoff_bits,
-              failures_echo)
+              failures_permanent, failures_budget, failures_retry_topic,
+              failures_retry_topic_per_source, failures_backoff_bits, failures_echo)
 }
 
 
@@ -357,7 +384,9 @@ def call(op: str, args: dict[str, Any]) -> Any:
         offset=args["offset"],
         attempts=args["failure_count"] + f["prior_attempts"],
         retry=RetryPolicy(**args["retry"]),
-        retry_topic=None if topic is None else RetryTopic(**topic),
+        retry_topic=None if topic is None else RetryTopic(
+            **{**topic, "per_source": tuple(map(tuple, topic.get("per_source", ())))}
+        ),
         now=args["now"],
         jitter=args["jitter"],
         held_for=args["held_for"],

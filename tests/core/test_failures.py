@@ -234,6 +234,33 @@ def test_bad_failure_values_are_refused() -> None:
         RetryTopic(name=TOPIC, min_delay=-1.0)
 
 
+@given(
+    sources=st.lists(st.sampled_from("abcde"), min_size=1, max_size=5, unique=True),
+    read_from=st.sampled_from(["a", "b", "c", "d", "e", "a.retry", "c.retry", "x"]),
+)
+def test_a_hand_off_goes_to_the_retry_topic_of_the_messages_source(
+    sources: list[str], read_from: str
+) -> None:
+    """Several source topics, each with its own retry topic: a message read from a
+    source, or from that source's retry topic, goes to that retry topic; from any
+    other topic, to ``name`` (the single-topic case)."""
+    topic = RetryTopic(name="fallback", min_delay=0.0,
+                       per_source=tuple((t, f"{t}.retry") for t in sources))  # fmt: skip
+    base = read_from.removesuffix(".retry")
+    expected = f"{base}.retry" if base in sources else "fallback"
+    got = decide(Failure(kind=FailureKind.RETRYABLE), tp=(read_from, 0), epoch=1, offset=0,
+                 attempts=1, retry=RetryPolicy(max_retries=3), retry_topic=topic,
+                 now=0.0, jitter=0.5)  # fmt: skip
+    assert isinstance(got, HandOff) and got.topic == expected
+
+
+def test_bad_retry_topics_are_refused() -> None:
+    for pairs in ((("a", "r"), ("b", "r")), (("a", "r"), ("a", "s")), (("a", "b"), ("b", "c")),
+                  (("a", ""),)):
+        with pytest.raises(ValueError, match="retry topic"):
+            RetryTopic(name=TOPIC, min_delay=0.0, per_source=pairs)
+
+
 # -- the decision inside the core, against the reference consumer -----------------------------
 
 class FailuresVersusReference(RuleBasedStateMachine):

@@ -100,6 +100,11 @@ def test_mutant_keys_survive_edits_that_move_lines(tmp_path: Path) -> None:
     assert keys and keys <= {m.key for m in second}
     assert {m.line for m in first}.isdisjoint({m.line for m in second if m.key in keys})
     assert all(m.key.startswith("m.py::f::") for m in first)
+    # --resume finds a moved mutant's earlier result: the diff without its hunk header
+    moved = {m.key: m for m in second}
+    for m in first:
+        assert m.diff != moved[m.key].diff
+        assert kill.diff_body(m.diff) == kill.diff_body(moved[m.key].diff)
 
 
 def test_annotations_are_not_mutated(tmp_path: Path) -> None:

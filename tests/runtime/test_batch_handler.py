@@ -4,6 +4,7 @@ run of a lane (no broker needed)."""
 
 from __future__ import annotations
 
+import itertools
 import sqlite3
 import threading
 import time
@@ -115,6 +116,53 @@ def test_a_failing_piece_is_undone_and_run_message_by_message(tmp_path: Path) ->
     with sqlite3.connect(db) as conn:
         dead = conn.execute("SELECT \"offset\", kind FROM htmqc_dead_letters").fetchall()
         assert dead == [(333, "permanent")]
+        assert sorted(conn.execute("SELECT committed FROM htmqc_positions")) == [(N,), (N,)]
+
+
+def _drain_together(engine: Engine, consumer: FakeConsumer) -> None:
+    """Each consume batch holds 400 messages of both partitions."""
+    logs = [[FakeMessage(TOPIC, p, i, k, v) for i, (k, v) in enumerate(_log(p))] for p in (0, 1)]
+    for lo in range(0, N, 400):
+        engine.dispatch(logs[0][lo:lo + 400] + logs[1][lo:lo + 400])
+        engine.settle()
+    engine.commit(force=True)
+    engine.settle()
+
+
+def test_one_call_takes_the_runs_of_several_partitions(tmp_path: Path) -> None:
+    """A fetch with both partitions' messages: one call takes a piece of each, in offset
+    order per partition, every message stored once; a failure in such a call undoes it
+    whole and runs its pieces again one message per call (the bad one dead-lettered)."""
+    db = tmp_path / "t.db"
+    calls: list[list[tuple[int, int]]] = []
+
+    def handle(msgs: list[Any], tx: Any) -> None:
+        calls.append([(m.partition(), m.offset()) for m in msgs])
+        _table(tx)
+        for m in msgs:
+            tx.execute("INSERT INTO effects (v) VALUES (?)", (m.value().decode(),))
+            if m.value() == b"1:555":
+                raise Permanent("bad payment")
+
+    engine, consumer = _engine(db, handle)
+    _drain_together(engine, consumer)
+    rows = _rows(db)
+    expected = sorted(f"{p}:{i}" for p in (0, 1) for i in range(N) if (p, i) != (1, 555))
+    assert sorted(rows) == expected, "an effect of the failed call was kept, or one was lost"
+    for p, key in itertools.product((0, 1), range(7)):  # per-key order (a held key's
+        # followers wait for its dead letter, other keys go on)
+        ids = [int(r.split(":")[1]) for r in rows if r.startswith(f"{p}:")]
+        assert [i for i in ids if i % 7 == key] == sorted(i for i in ids if i % 7 == key)
+    together = [c for c in calls if len({p for p, _ in c}) == 2]
+    assert together and max(map(len, together)) == 2 * PIECE, calls
+    # the call with 1:555 (0:600-799 and 1:400-649 of the batch 400-799, within the
+    # transaction's room) was undone and its two pieces ran again one message per call;
+    # the rest of partition 1's run (650-799) too, its key 555 % 7 being held meanwhile
+    failed = next(c for c in calls if (1, 555) in c and len(c) > 1)
+    assert sum(1 for c in calls if len(c) == 1) == len(failed) + 150
+    with sqlite3.connect(db) as conn:
+        dead = conn.execute("SELECT partition, \"offset\" FROM htmqc_dead_letters").fetchall()
+        assert dead == [(1, 555)]
         assert sorted(conn.execute("SELECT committed FROM htmqc_positions")) == [(N,), (N,)]
 
 

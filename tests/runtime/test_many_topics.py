@@ -50,11 +50,15 @@ def test_a_bad_subscription_is_one_line(text: str, error: str) -> None:
         Subscription.parse(text)
 
 
-def test_a_retry_topic_takes_one_source_topic() -> None:
-    assert Subscription.of("a", with_retry_topic=True).single == "a"
-    for text in ("a,b", "^a.*"):
-        with pytest.raises(UsageError, match="--retry-topic takes one source topic"):
-            Subscription.of(text, with_retry_topic=True)
+def test_each_listed_topic_gets_its_own_retry_topic() -> None:
+    assert Subscription.of("a", with_retry_topic=True).retry_topics() == {"a": "a.retry"}
+    both = Subscription.of("a,b", with_retry_topic=True)
+    assert both.retry_topics() == {"a": "a.retry", "b": "b.retry"}
+    with pytest.raises(UsageError, match="--retry-topic needs the source topics listed"):
+        Subscription.of("^a.*", with_retry_topic=True)
+    with pytest.raises(UsageError, match=r"--topic lists 'a\.retry', the retry topic of 'a'"):
+        Subscription.of("a,a.retry", with_retry_topic=True)
+    assert Subscription.of("a,a.retry", with_retry_topic=False).topics == ("a", "a.retry")
 
 
 def test_a_pattern_never_reads_htmqcs_own_topics() -> None:
@@ -223,3 +227,38 @@ def test_moving_only_unread_partitions_is_not_a_revoke(
     assert handled == [] and consumer.calls == [[]]
     getattr(engine, callback)(consumer, [KafkaTP("t-a.dlq", 0), KafkaTP("t-a", 0)])
     assert [[(p.topic, p.partition) for p in parts] for parts in handled] == [[("t-a", 0)]]
+
+
+@pytest.mark.broker
+def test_retries_of_each_topic_wait_in_that_topics_retry_topic(
+    broker: Broker, new_topic: Any
+) -> None:
+    a, b = new_topic(partitions=1), new_topic(partitions=1)
+    produce(broker.bootstrap, a, 40, keys=5)
+    produce(broker.bootstrap, b, 40, keys=5)
+    flaky, hopeless = {(a, 3), (b, 5)}, (b, 7)  # fail twice then work; always fail
+    tries: dict[tuple[str, int], int] = {}
+    ran_from: dict[tuple[str, int], str] = {}
+
+    def handle(msg: Any) -> None:
+        topic = msg.topic().removesuffix(".retry")
+        key = (topic, parse_id(msg.value()))
+        tries[key] = tries.get(key, 0) + 1
+        if key == hopeless or (key in flaky and tries[key] <= 2):
+            raise RuntimeError(f"{key} fails")
+        ran_from[key] = msg.topic()
+
+    consumer = Consumer(handle, bootstrap=broker.bootstrap, topic=f"{a},{b}",
+                        group=f"retry-{uuid.uuid4().hex[:6]}", retry_topic=True,
+                        retry_topic_ms=0, backoff_ms=200, backoff_max_ms=400, max_retries=2,
+                        idle_exit=3.0, log_format="text")
+    consumer.run()
+    assert set(ran_from) == {(t, n) for t in (a, b) for n in range(40)} - {hopeless}
+    assert {ran_from[k] for k in flaky} == {f"{a}.retry", f"{b}.retry"}
+    assert ran_from[(a, 3)] == f"{a}.retry" and ran_from[(b, 5)] == f"{b}.retry"
+    # each retry topic holds only its own source's messages (two hand-offs each)
+    assert sorted(parse_id(r.value) for r in read_all(broker.bootstrap, f"{a}.retry")) == [3, 3]
+    assert sorted(parse_id(r.value) for r in read_all(broker.bootstrap, f"{b}.retry")) \
+        == [5, 5, 7, 7]  # fmt: skip
+    assert [parse_id(r.value) for r in read_all(broker.bootstrap, f"{b}.dlq")] == [7]
+    assert read_all(broker.bootstrap, f"{a}.dlq") == []

@@ -1,9 +1,10 @@
 """A private NATS JetStream server per test module (``nats-server -js`` on a free
-port, a temporary store; stopped and removed afterwards), a private RabbitMQ node
-with streams per test session (:mod:`htmqc.sources.rabbitmq_server`, ~3-5 s to
-start), and fresh topics on them.
+port, a temporary store; stopped and removed afterwards), a private Apache Pulsar
+standalone broker likewise, a private RabbitMQ node with streams per test session
+(:mod:`htmqc.sources.rabbitmq_server`, ~3-5 s to start), and fresh topic names.
 
-A missing ``nats-server``, ``rabbitmq-server``, ``nats-py``, ``rstream`` or ``pika``
+A missing ``nats-server`` or ``nats-py`` (Java, Pulsar's jars or ``pulsar-client``;
+``rabbitmq-server``, ``rstream`` or ``pika``)
 skips on a developer's machine and fails under ``CI=true`` (:mod:`tests.services`)."""
 
 from __future__ import annotations
@@ -15,8 +16,14 @@ from typing import Any
 import pytest
 
 from htmqc.sources.nats_server import NatsServer, start_nats
+from htmqc.sources.pulsar_server import PulsarServer, start_pulsar
 from htmqc.sources.rabbitmq_server import RabbitServer, start_rabbitmq
-from tests.services import require_module, require_nats_server, require_rabbitmq_server
+from tests.services import (
+    require_module,
+    require_nats_server,
+    require_pulsar,
+    require_rabbitmq_server,
+)
 
 TopicFactory = Callable[..., str]
 
@@ -27,6 +34,14 @@ def nats_server() -> Iterator[NatsServer]:
     binary = require_nats_server()
     require_module("nats")
     with start_nats(binary=binary) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def pulsar_server() -> Iterator[PulsarServer]:
+    """A running Pulsar standalone broker for the module's tests (about 8 s to start)."""
+    require_pulsar()
+    with start_pulsar() as server:
         yield server
 
 

@@ -15,7 +15,7 @@ SOURCES = Path(__file__).resolve().parents[2] / "src" / "htmqc" / "sources"
 #: the shared consumer port (:mod:`htmqc.sources.pumped`) and the private servers.
 ALLOWED = {
     "htmqc.errors", "htmqc.produce", "htmqc.dlq.record", "htmqc.sources.pumped",
-    "htmqc.sources.nats_server", "htmqc.sources.rabbitmq_server",
+    "htmqc.sources.nats_server", "htmqc.sources.pulsar_server", "htmqc.sources.rabbitmq_server",
 }  # fmt: skip
 #: The core's decision API (htmqc.core): only the runtime calls it.
 CORE_NAMES = {

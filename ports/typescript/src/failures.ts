@@ -45,18 +45,40 @@ export class Failure {
   }
 }
 
-/** `--retry-topic`: its name and the shortest backoff that waits there. */
+/** `--retry-topic`: its name, the shortest backoff that waits there, and with
+ * several source topics each one's own retry topic (`per_source`, §4b). */
 export interface RetryTopic {
   readonly name: string;
   /** Seconds, a double ≥ 0. */
   readonly minDelay: number;
+  /** `[source, retry]` pairs; empty for one source topic. */
+  readonly perSource: ReadonlyArray<readonly [string, string]>;
 }
 
-/** A retry topic, refused unless its name is not empty and `min_delay ≥ 0`. */
-export function retryTopic(name: string, minDelay: number): RetryTopic {
-  if (name === "") throw new RangeError("the retry topic needs a name");
+/** A retry topic, refused unless its names are not empty, `min_delay ≥ 0`, and
+ * each source has its own retry topic that is not also a source. */
+export function retryTopic(
+  name: string, minDelay: number, perSource: ReadonlyArray<readonly [string, string]> = [],
+): RetryTopic {
+  if (name === "" || perSource.some(([s, r]) => s === "" || r === "")) {
+    throw new RangeError("the retry topic needs a name");
+  }
   if (!(minDelay >= 0)) throw new RangeError(`min_delay must be >= 0, got ${minDelay}`);
-  return { name, minDelay };
+  const sources = new Set(perSource.map(([s]) => s));
+  const retries = new Set(perSource.map(([, r]) => r));
+  if (sources.size !== perSource.length || retries.size !== perSource.length) {
+    throw new RangeError("each source topic needs its own retry topic");
+  }
+  if ([...retries].some((r) => sources.has(r))) {
+    throw new RangeError("a retry topic cannot also be a source topic");
+  }
+  return { name, minDelay, perSource };
+}
+
+/** §4b row 6: the retry topic of the pair naming `topic` as source or retry, else `name`. */
+export function forSource(rt: RetryTopic, topic: string): string {
+  const pair = rt.perSource.find(([s, r]) => topic === s || topic === r);
+  return pair === undefined ? rt.name : pair[1];
 }
 
 export type DeadLetterKind = "too_large" | "poison" | "permanent" | "failed";
@@ -136,6 +158,6 @@ export function decide(x: DecideInput): FailureDecision {
   if (poison) return dead("poison"); // 3
   if (permanent) return dead("permanent"); // 4
   if (spent) return dead("failed"); // 5
-  if (toTopic) return { type: "HandOff", tp, epoch, offset, topic: retryTopic.name, attempt: attempts, due: now + d }; // 6
+  if (toTopic) return { type: "HandOff", tp, epoch, offset, topic: forSource(retryTopic, tp.topic), attempt: attempts, due: now + d }; // 6
   return { type: "RetryAt", tp, epoch, offset, attempt: attempts, at: now + d }; // 7
 }

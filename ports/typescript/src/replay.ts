@@ -244,7 +244,13 @@ function failuresCall(op: string, a: JsonObject): Json {
   let rt: RetryTopic | null = null;
   if (topic !== null) {
     if (!isObject(topic)) throw new BadVector(`retry_topic is not null or an object: ${showJson(topic)}`);
-    rt = retryTopic(str(topic, "name"), double(topic, "min_delay"));
+    const pairs = Object.prototype.hasOwnProperty.call(topic, "per_source") ? field(topic, "per_source") : [];
+    if (!Array.isArray(pairs) || !pairs.every((p) => Array.isArray(p) && p.length === 2
+        && typeof p[0] === "string" && typeof p[1] === "string")) {
+      throw new BadVector(`per_source is not a list of [source, retry] names: ${showJson(pairs)}`);
+    }
+    rt = retryTopic(str(topic, "name"), double(topic, "min_delay"),
+      pairs.map((p) => [(p as string[])[0]!, (p as string[])[1]!] as const));
   }
   const held = field(a, "held_for");
   if (held !== null && typeof held !== "number") throw new BadVector(`held_for is not a double or null`);

@@ -113,16 +113,36 @@ class Failure:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RetryTopic:
     """``--retry-topic``: the topic's name, and the shortest backoff (seconds)
-    that is waited there instead of in memory (``--retry-topic-ms`` / 1000)."""
+    that is waited there instead of in memory (``--retry-topic-ms`` / 1000).
+
+    ``per_source``: with several source topics, each one's own retry topic, as
+    ``(source, retry)`` pairs; a message is handed off to :meth:`for_source` of
+    the topic it was read from (its source's retry topic, or the retry topic
+    itself when it came from one), ``name`` when neither is listed (the
+    single-topic case, where ``per_source`` is empty)."""
 
     name: str
     min_delay: float
+    per_source: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
-        if not self.name:
+        if not self.name or not all(s and r for s, r in self.per_source):
             raise ValueError("the retry topic needs a name")
         if self.min_delay < 0:
             raise ValueError(f"min_delay must be >= 0, got {self.min_delay}")
+        sources = [s for s, _ in self.per_source]
+        retries = {r for _, r in self.per_source}
+        if len(set(sources)) != len(sources) or len(retries) != len(sources):
+            raise ValueError("each source topic needs its own retry topic")
+        if retries & set(sources):
+            raise ValueError("a retry topic cannot also be a source topic")
+
+    def for_source(self, topic: str) -> str:
+        """The retry topic a message read from ``topic`` is handed off to."""
+        for source, retry in self.per_source:
+            if topic in (source, retry):
+                return retry
+        return self.name
 
 
 class Later(enum.Enum):
@@ -253,6 +273,12 @@ def _within_bounds(
     "a retry-topic record never waits in memory",
     enabled=ENABLED,
 )
+@icontract.ensure(
+    lambda tp, retry_topic, result: not isinstance(result, HandOff)
+    or (retry_topic is not None and result.topic == retry_topic.for_source(tp[0])),
+    "a hand-off goes to the retry topic of the message's source topic",
+    enabled=ENABLED,
+)
 def decide(
     failure: Failure,
     *,
@@ -291,7 +317,7 @@ def decide(
             tp=tp,
             epoch=epoch,
             offset=offset,
-            topic=retry_topic.name,
+            topic=retry_topic.for_source(tp[0]),
             attempt=attempts,
             due=now + delay,
         )

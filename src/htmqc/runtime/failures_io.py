@@ -97,7 +97,7 @@ class Failures:
         # A record that does not decode is dead-lettered at once, whatever the
         # user's classification says, and the handler never ran on it.
         undecodable = isinstance(exc, DecodeError)
-        from_retry_topic = tp[0] == e.retry_topic
+        from_retry_topic = tp[0] in e.retry_sources
         failure = Failure(
             kind=FailureKind.PERMANENT if undecodable else classify(exc, e.error_kinds),
             poison=self.poison.failed((tp, offset), now),

@@ -43,6 +43,7 @@ from htmqc.runtime.retry_topic import retry_after_ms
 
 if TYPE_CHECKING:
     from htmqc.runtime.loop import Engine
+    from htmqc.runtime.workers import Run
 
 log = logging.getLogger("htmqc.runtime")
 
@@ -131,11 +132,12 @@ class Intake:
         breaker = e.breaker
         allowance = breaker.allowance()
         budget = self.budget
+        runs: list[Run] = []
         for tp, batch in self.by_partition(msgs, partition):
             lease = gate.lease(tp)
             if lease is None or not gate.fetchable(tp) or core.tracker(tp).draining:
                 continue
-            if tp[0] == e.retry_topic:
+            if tp[0] in e.retry_sources:
                 batch = self.due_prefix(tp, batch)
                 if not batch:
                     continue
@@ -185,7 +187,9 @@ class Intake:
             lease.count += len(run)
             lease.nbytes += nbytes
             e.stats.started(len(run), nbytes)
-            e.workers.submit(lease, batch, (list(run), nbytes))
+            runs.append((lease, batch, (list(run), nbytes)))
+        if runs:
+            e.workers.submit_many(runs)
 
     def throttle(
         self, tp: TopicPartition, offset: int, now: float, processed: int, live: int
@@ -243,7 +247,7 @@ class Intake:
             return ()
         e = self.engine
         topic = e.subscription.single
-        if e.retry_topic is None and topic is not None:
+        if not e.retry_sources and topic is not None:
             runs = [(p, list(run)) for p, run in groupby(msgs, partition)]
             if len(runs) == len({p for p, _ in runs}):
                 return [((topic, p), run) for p, run in runs]

@@ -418,6 +418,34 @@ class Lane:
             self._spread(done, msgs, started, ended)
         return done
 
+    def run_whole_many(
+        self,
+        pieces: Sequence[tuple[Lease, Sequence[Any]]],
+        call: Callable[[Sequence[Any]], Any],
+        interrupt: Callable[[], bool] = _never,
+    ) -> list[Done]:
+        """:meth:`run_whole` for pieces of several leases in one call: ``call`` once
+        with every piece's messages in order; one :class:`Done` per piece, all empty
+        (nothing ran) if a lease ended or ``interrupt()`` says so first. Each message
+        is charged an equal share of the call's time."""
+        clock = time.perf_counter
+        started = clock()
+        msgs = [m for _, piece in pieces for m in piece]
+        if not msgs or not all(lease.live for lease, _ in pieces) or interrupt():
+            return [self._done(piece[:0], 0.0) for _, piece in pieces]
+        result = call(msgs)
+        if result is not None:
+            check_result(result)
+        share = (clock() - started) / len(msgs)
+        dones = []
+        for _, piece in pieces:
+            done = self._done(piece, share * len(piece))
+            if self.timed:
+                self._spread(done, piece, started, started + done.elapsed)
+            started += done.elapsed
+            dones.append(done)
+        return dones
+
     def retry(self, lease: Lease, msg: Any, report: Report) -> None:
         """Run the failed ``msg`` again; on success its parked followers run too."""
         if not lease.live:

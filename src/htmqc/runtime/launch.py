@@ -24,7 +24,6 @@ from htmqc.runtime.decode import wants_decoding
 from htmqc.runtime.handlers import check_handler
 from htmqc.runtime.loop import Engine
 from htmqc.runtime.options import EXACTLY_ONCE, NATS, RABBITMQ_STREAM, RunOptions
-from htmqc.runtime.retry_topic import retry_topic
 from htmqc.runtime.subscription import Subscription
 
 if TYPE_CHECKING:
@@ -230,9 +229,8 @@ def _build_kafka_engine(
             options.connect_seconds,
             options.kafka_config,
         )
-    if options.retry_topic:
-        assert subscription.single is not None
-        _ensure_topic(options.bootstrap, retry_topic(subscription.single), options.kafka_config)
+    for name in subscription.retry_topics().values() if options.retry_topic else ():
+        _ensure_topic(options.bootstrap, name, options.kafka_config)
     dead_letter_topics = [name for topic in subscription.topics if not subscription.pattern
                           for name in (dlq_topic(topic), poison_topic(topic))]
     if sink is not None:

@@ -72,7 +72,6 @@ from htmqc.runtime.intake import Intake
 from htmqc.runtime.lanes import Done, Lease
 from htmqc.runtime.options import EXACTLY_ONCE, KAFKA, RunOptions
 from htmqc.runtime.ownership import Ownership
-from htmqc.runtime.retry_topic import retry_topic
 from htmqc.runtime.stats import Stats
 from htmqc.runtime.subscription import Subscription
 from htmqc.runtime.trace import TracingCore
@@ -170,11 +169,18 @@ class Engine:
             )
         self.retry_policy = retry
         self.subscription = Subscription.of(options.topic, options.retry_topic)
-        single = self.subscription.single
-        self.retry_topic = retry_topic(single) if options.retry_topic and single else None
+        #: ``--retry-topic``: each retry topic read, and the source topic it serves.
+        self.retry_sources: dict[str, str] = (
+            {r: s for s, r in self.subscription.retry_topics().items()}
+            if options.retry_topic else {}
+        )  # fmt: skip
         to_topic = (
-            RetryTopic(name=self.retry_topic, min_delay=options.retry_topic_ms / 1000.0)
-            if self.retry_topic is not None
+            RetryTopic(
+                name=next(iter(self.retry_sources)),
+                min_delay=options.retry_topic_ms / 1000.0,
+                per_source=tuple((s, r) for r, s in self.retry_sources.items()),
+            )
+            if self.retry_sources
             else None
         )
         self.core: ConsumerCore = (
@@ -383,10 +389,7 @@ class Engine:
     def source_of(self, topic: str) -> str:
         """The topic a message of ``topic`` came from first: the source topic of the
         retry topic, else ``topic`` itself (its DLQ topics are named after it)."""
-        if topic == self.retry_topic:
-            assert self.subscription.single is not None
-            return self.subscription.single
-        return topic
+        return self.retry_sources.get(topic, topic)
 
     # -- observability ----------------------------------------------------------------------
 
@@ -708,9 +711,7 @@ class Engine:
         if self.sink is not None:
             self.sink.bind(self.consumer)
         self.workers.start()
-        topics = list(self.subscription.topics)
-        if self.retry_topic is not None:
-            topics.append(self.retry_topic)
+        topics = [*self.subscription.topics, *self.retry_sources]
         self.consumer.subscribe(
             topics, on_assign=self.on_assign, on_revoke=self.on_revoke, on_lost=self.on_lost
         )

@@ -283,7 +283,8 @@ class RunOptions:
     )
     otel: bool = opt(False, "OpenTelemetry spans (extra: otel)")
     retry_topic: bool = opt(
-        False, "long backoffs wait in <topic>.retry, freeing the partition (breaks per-key order)"
+        False, "long backoffs wait in <topic>.retry (each listed topic its own), freeing the "
+        "partition (breaks per-key order)"
     )
     retry_topic_ms: float = opt(
         5000.0, "shortest backoff sent to the retry topic", limits=(0, 86_400_000, True)

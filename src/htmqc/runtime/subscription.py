@@ -62,19 +62,32 @@ class Subscription:
 
     @classmethod
     def of(cls, topic: str, with_retry_topic: bool) -> Subscription:
-        """:meth:`parse`, and a retry topic only for one listed topic.
+        """:meth:`parse`, and retry topics only for listed topics (each its own,
+        :meth:`retry_topics`).
 
         :raises UsageError: as :meth:`parse`; or ``with_retry_topic`` (``--retry-topic``)
-            with several topics or a pattern (one retry topic per source topic
-            would need the core's hand-off to name it per message).
+            with a pattern (its topics, and so their retry topics, are not known in
+            advance), or with a listed topic that is another listed topic's retry topic.
         """
         subscription = cls.parse(topic)
-        if with_retry_topic and subscription.single is None:
+        if with_retry_topic and subscription.pattern:
             raise UsageError(
-                f"--retry-topic takes one source topic, not --topic {topic!r}",
-                "run one consumer per topic with --retry-topic, or drop --retry-topic",
+                f"--retry-topic needs the source topics listed, not the pattern --topic {topic!r}",
+                "list the topics (--topic a,b) with --retry-topic, or drop --retry-topic",
             )
+        if with_retry_topic:
+            clash = sorted(set(subscription.retry_topics().values()) & set(subscription.topics))
+            if clash:
+                raise UsageError(
+                    f"--topic lists {clash[0]!r}, the retry topic of "
+                    f"{clash[0].removesuffix(retry_topic(''))!r}",
+                    "list only the source topics: their retry topics are read too",
+                )
         return subscription
+
+    def retry_topics(self) -> dict[str, str]:
+        """Each listed topic's retry topic (``--retry-topic``), in order."""
+        return {t: retry_topic(t) for t in self.topics}
 
     @property
     def single(self) -> str | None:

@@ -76,6 +76,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import suppress
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from htmqc.core.decisions import Commit, TopicPartition
@@ -89,12 +90,15 @@ from htmqc.sinks.base import Fenced, SinkUnavailable, TransactionAborted
 #: Exactly-once: most messages run in one sink scope (one savepoint) before the
 #: transaction is looked at again; a failure re-runs its piece one at a time.
 PIECE = 250
+
 #: Sink reconnection backoff, seconds: first wait, cap.
 BACKOFF = (0.1, 5.0)
 #: The exceptions that mean the sink, not the message, failed.
 SINK_FAULTS: tuple[type[BaseException], ...] = (SinkUnavailable, TransactionAborted)
 
 Payload = list[tuple[Commit, int]]
+#: One fetch's run of one partition: its lease, messages, and (offsets, bytes).
+Run = tuple[Lease, Sequence[Any], tuple[list[int], int]]
 Reports = queue.SimpleQueue[tuple[Any, ...]]
 
 
@@ -269,6 +273,11 @@ class Workers(ABC):
     @abstractmethod
     def submit(self, lease: Lease, msgs: Sequence[Any], known: tuple[list[int], int]) -> None:
         """Run ``msgs`` (one partition's batch, in order) under ``lease``."""
+
+    def submit_many(self, runs: Sequence[Run]) -> None:
+        """:meth:`submit` each of one fetch's runs ``(lease, msgs, known)``, in order."""
+        for lease, msgs, known in runs:
+            self.submit(lease, msgs, known)
 
     @abstractmethod
     def retry(self, lease: Lease, msg: Any) -> None:
@@ -446,6 +455,14 @@ class TransactionWorker(Workers):
     def submit(self, lease: Lease, msgs: Sequence[Any], known: tuple[list[int], int]) -> None:
         self.send(0, ("run", lease, msgs))
 
+    def submit_many(self, runs: Sequence[Run]) -> None:
+        """A batch handler gets the runs of several partitions in one call
+        (:meth:`_run_together`); a per-message handler, each run as :meth:`submit`."""
+        if self._batch is None or len(runs) < 2:
+            super().submit_many(runs)
+        else:
+            self.send(0, ("runs", [(lease, msgs) for lease, msgs, _ in runs]))
+
     def retry(self, lease: Lease, msg: Any) -> None:
         self.send(0, ("retry", lease, msg))
 
@@ -469,6 +486,8 @@ class TransactionWorker(Workers):
             kind = command[0]
             if kind == "run":
                 self._run(command[1], command[2])
+            elif kind == "runs":
+                self._run_together(command[1])
             elif kind == "retry":
                 self.lane.retry(command[1], command[2], self._out)
             elif kind in ("dead", "moved"):
@@ -556,6 +575,47 @@ class TransactionWorker(Workers):
                     pos += len(done.offsets)
                     continue
             pos += self.lane.run(lease, piece, self._out, interrupt=self._interrupt)
+
+    def _run_together(self, runs: list[tuple[Lease, Sequence[Any]]]) -> None:
+        """Batch handler, several runs: one call for a piece of each run whose
+        partition holds no key (up to :data:`PIECE` messages of each, and what the
+        transaction still takes), in one scope; if anything failed, each run's piece
+        again one isolated message at a time, as :meth:`_run` does. Once fewer than
+        two runs can go together, the rest go through :meth:`_run` one by one."""
+        left = [_Run(lease, msgs) for lease, msgs in runs]
+        while True:
+            left = [run for run in left if run.pos < len(run.msgs) and run.lease.live]
+            together = [run for run in left if not self.lane.holds(run.lease)]
+            if len(together) < 2:
+                for run in left:
+                    self._run(run.lease, run.msgs[run.pos :])
+                return
+            self._checkpoint()
+            txn = self._open()
+            room = max(1, self.txn_messages - self.count)
+            parts: list[tuple[_Run, Sequence[Any]]] = []
+            for run in together:
+                if room <= 0:
+                    break
+                piece = run.msgs[run.pos : run.pos + min(PIECE, room)]
+                parts.append((run, piece))
+                room -= len(piece)
+            try:
+                with txn.message():
+                    dones: list[Done] | None = self.lane.run_whole_many(
+                        [(run.lease, piece) for run, piece in parts],
+                        self._whole(txn.handle), self._interrupt,
+                    )  # fmt: skip
+            except SINK_FAULTS:
+                raise
+            except BaseException:
+                dones = None  # undone: each piece again, isolated
+            for k, (run, piece) in enumerate(parts):
+                if dones is None:
+                    run.pos += self.lane.run(run.lease, piece, self._out, interrupt=self._interrupt)
+                elif dones[k].offsets:
+                    self._out.succeeded(run.lease, dones[k])
+                    run.pos += len(dones[k].offsets)
 
     def _leave(self, command: tuple[Any, ...]) -> None:
         """A dead letter (or a retry record) in the transaction, then its key goes on."""
@@ -655,6 +715,16 @@ class TransactionWorker(Workers):
                 return
             self._stop.wait(min(wait, max(0.0, give_up - time.monotonic())))
             wait = min(wait * 2, cap)
+
+
+@dataclass(slots=True)
+class _Run:
+    """One partition's run held back for :meth:`TransactionWorker._run_together`:
+    its messages and how many of them are done."""
+
+    lease: Lease
+    msgs: Sequence[Any]
+    pos: int = 0
 
 
 class _CountingReport(_ReportTo):
