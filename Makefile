@@ -39,10 +39,10 @@ lint: setup ## ruff over the whole tree
 typecheck: setup ## mypy --strict over the core, the runtime and the sinks
 	$(VENV)/bin/mypy --strict $(CORE) src/htmqc/runtime src/htmqc/sinks
 
-# Three pytest processes share the tests a file at a time (most broker tests wait on
-# brokers, JVMs and subprocesses, so three fit on two cores); the `serial` ones, whose
+# Four pytest processes share the tests a file at a time (most broker tests wait on
+# brokers, JVMs and subprocesses, so four fit on two cores); the `serial` ones, whose
 # deadlines or races another process's load could decide, run alone afterwards.
-XDIST := -n 3 --dist loadfile
+XDIST := -n 4 --dist loadfile
 
 pytest: setup ## the pytest suite, less the formal checks (those run in `verify`)
 	$(PY) -m pytest -q $(XDIST) -m "not formal and not serial" --durations=25
