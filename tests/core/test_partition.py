@@ -151,6 +151,22 @@ def test_commit_hands_out_the_watermark_once(core: ConsumerCore) -> None:
     assert core.commit_requested(TP) is None
 
 
+def test_commit_decisions_compare_offsets_by_value_not_identity() -> None:
+    """Offsets above 256 are distinct ``int`` objects even when equal (CPython caches
+    only small ones): after gaps moved the watermark and an ack made exactly it durable,
+    nothing is left to request (found by a surviving
+    mutant, ``>`` made ``is not``, which small offsets cannot tell apart)."""
+    base = 10**12
+    t = PartitionTracker(base)
+    t.apply_many(Event.START, t.fetched([base], base + 1))
+    t.apply_many(Event.SUCCEED, [base])
+    assert t.commit_requested() == base + 1
+    t.apply_many(Event.START, t.fetched([base + 5], base + 6))  # base+1..base+4: gaps
+    assert t.processed == base + 5
+    assert t.commit_acked(int(str(base + 5))) is True  # equal, another object
+    assert t.commit_requested() is None
+
+
 def test_acks_late_twice_or_out_of_order_never_move_committed_back(core: ConsumerCore) -> None:
     e = core.assign(TP, 0)
     running(core, e, [0, 1, 2, 3])
