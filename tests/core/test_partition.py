@@ -114,11 +114,21 @@ def test_completing_twice_is_illegal(core: ConsumerCore) -> None:
         core.succeeded(TP, e, 1)
 
 
-def test_completing_an_offset_never_fetched_is_illegal(core: ConsumerCore) -> None:
+@pytest.mark.parametrize("offset", [9, 1])  # 1: next itself
+def test_completing_an_offset_never_fetched_is_illegal(core: ConsumerCore, offset: int) -> None:
     e = core.assign(TP, 0)
     running(core, e, [0])
-    with pytest.raises(IllegalTransition, match="never fetched"):
-        core.succeeded(TP, e, 9)
+    with pytest.raises(IllegalTransition, match=r"never fetched \(next is 1\)"):
+        core.succeeded(TP, e, offset)
+
+
+def test_starting_twice_names_the_offset_not_a_revoke(core: ConsumerCore) -> None:
+    """The revoke message is for a draining partition only: a second start of a running
+    offset says what state the offset is in."""
+    e = core.assign(TP, 0)
+    running(core, e, [0])
+    with pytest.raises(IllegalTransition, match="offset 0 is Processing, needs Pending"):
+        core.started(TP, e, 0)
 
 
 def test_completing_a_pending_offset_is_illegal(core: ConsumerCore) -> None:
