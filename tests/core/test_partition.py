@@ -20,6 +20,7 @@ from htmqc.core import (
     PartitionTracker,
     RetryAt,
     RetryPolicy,
+    RetryTopic,
 )
 
 TP = ("orders", 3)
@@ -378,3 +379,24 @@ def test_finished_means_below_next_and_no_longer_live(core: ConsumerCore) -> Non
     t = core.tracker(TP)
     assert t.next == 5
     assert [o for o in range(8) if t.is_finished(o)] == [1, 2, 4]
+
+
+def test_partitions_lists_each_held_partition_with_its_epoch_and_tracker() -> None:
+    """What the stateful invariants iterate: an empty listing would make them vacuous."""
+    core = ConsumerCore()
+    first, second = core.assign(("t", 0), 3), core.assign(("t", 1), 0)
+    listed = {tp: (epoch, tracker.next) for tp, epoch, tracker in core.partitions()}
+    assert listed == {("t", 0): (first, 3), ("t", 1): (second, 0)}
+    core.revoked(("t", 0))
+    assert [tp for tp, _, _ in core.partitions()] == [("t", 1)]
+
+
+def test_the_api_takes_its_options_by_keyword() -> None:
+    """``retry`` and ``retry_topic`` of the core, and ``held_for`` of ``failed``, are
+    keyword arguments, as the runtime and the docs pass them."""
+    core = ConsumerCore(retry=RetryPolicy(max_retries=0),
+                        retry_topic=RetryTopic(name="t.retry", min_delay=1e9))  # fmt: skip
+    e = core.assign(TP, 0)
+    running(core, e, [0])
+    decision = core.failed(TP, e, 0, FailureKind.RETRYABLE, 0.0, 0.5, held_for=None)
+    assert isinstance(decision, DeadLetter)
