@@ -719,8 +719,8 @@ class TransactionWorker(Workers):
 
 @dataclass(slots=True)
 class _Run:
-    """One partition's run held back for :meth:`TransactionWorker._run_together`:
-    its messages and how many of them are done."""
+    """One partition's run inside :meth:`TransactionWorker._run_together`: its
+    messages and how many of them are done."""
 
     lease: Lease
     msgs: Sequence[Any]

@@ -43,7 +43,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -57,6 +56,7 @@ from types import TracebackType
 from typing import Any
 
 from htmqc.errors import RuntimeFailure
+from htmqc.sources.nats_server import free_port
 
 LIBS_ENV = "HTMQC_PULSAR_LIBS"
 #: Where ``make setup`` puts the jars, in a source checkout.
@@ -158,13 +158,6 @@ def java_binary() -> str:
             "run `make setup` (it installs a JRE)",
         )
     return found
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 def _pdeathsig() -> None:  # pragma: no cover - runs in the child before exec
