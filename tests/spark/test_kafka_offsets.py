@@ -8,11 +8,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from htmqc.spark.kafka_offsets import (
+    LossNote,
     Snapshot,
     SourceOffset,
     continue_from,
     ends,
     initial_positions,
+    notes_due,
 )
 from htmqc.spark.kafka_options import EARLIEST, LATEST, Offsets
 
@@ -142,3 +144,67 @@ def test_starting_offsets_outside_the_partition_are_losses() -> None:
 def test_old_checkpoints_are_read() -> None:
     """The first htmqc-kafka kept ``{"topic/partition": next}``."""
     assert SourceOffset.from_json({"a/0": 5, "b.c/1": 7}).next == {("a", 0): 5, ("b.c", 1): 7}
+
+
+# -- loss notes: read-time deletions counted once ------------------------------------
+
+
+def _note_losses(
+    previous: SourceOffset, notes: dict[tuple[str, int], LossNote]
+) -> tuple[list[int], dict[tuple[str, int], int]]:
+    losses, counted = notes_due(previous, notes)
+    return [loss.skipped or 0 for loss in losses], counted
+
+
+def test_a_note_of_the_batch_just_read_is_counted_once() -> None:
+    note = {("a", 0): LossNote(200, 100, 30)}
+    first = SourceOffset({("a", 0): 200, ("a", 1): 50}, notes="g")
+    assert _note_losses(first, note) == ([30], {("a", 0): 200})
+    # The partition did not move on: the next planning starts at the same end.
+    stalled = SourceOffset({("a", 0): 200, ("a", 1): 60}, notes="g", counted={("a", 0): 200})
+    assert _note_losses(stalled, note) == ([], {("a", 0): 200})
+    # It moved on: the old note no longer matches, and the listing is dropped.
+    moved = SourceOffset({("a", 0): 260, ("a", 1): 60}, notes="g", counted={("a", 0): 200})
+    assert _note_losses(moved, note) == ([], {})
+
+
+def test_a_note_at_another_end_is_not_this_batchs() -> None:
+    previous = SourceOffset({("a", 0): 200}, notes="g")
+    assert _note_losses(previous, {("a", 0): LossNote(150, 100, 10)}) == ([], {})
+    assert _note_losses(previous, {("b", 0): LossNote(200, 100, 10)}) == ([], {})
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.booleans(), st.integers(1, 9)), min_size=1, max_size=12
+    )
+)
+def test_each_note_is_counted_exactly_once_however_batches_go(
+    steps: list[tuple[int, bool, int]],
+) -> None:
+    """Batches of one partition: each moves on by ``advance`` (0: an empty batch)
+    and its reader leaves a note (skipping ``n``) or not; the next planning
+    counts what is due, the source's commit removes the counted notes or fails
+    to. Every note is counted exactly once."""
+    position, offset = 0, SourceOffset({("a", 0): 0}, notes="g")
+    store: dict[tuple[str, int], LossNote] = {}
+    written = counted_total = 0
+    for advance, noted, n in steps:
+        start, position = position, position + advance
+        if advance and noted:  # only a batch that read something leaves a note
+            store[("a", 0)] = LossNote(position, start, n)
+            written += n
+        offset = SourceOffset({("a", 0): position}, notes="g", counted=offset.counted)
+        losses, counted = notes_due(offset, store)
+        counted_total += sum(loss.skipped or 0 for loss in losses)
+        offset = SourceOffset({("a", 0): position}, notes="g", counted=counted)
+        if n % 2:  # the commit's removal worked (or not)
+            for tp, end in counted.items():
+                if tp in store and store[tp].end == end:
+                    del store[tp]
+    assert counted_total == written
+
+
+def test_notes_and_what_was_counted_survive_the_checkpoint() -> None:
+    offset = SourceOffset({("a", 0): 5}, notes="g", counted={("a", 0): 5})
+    assert SourceOffset.from_json(offset.to_json()) == offset

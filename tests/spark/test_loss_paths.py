@@ -151,3 +151,31 @@ def test_a_wrong_address_fails_the_first_planning_quickly_naming_the_reason(
         assert first < 3.0 <= time.monotonic() - started
     finally:
         planner.close()
+
+
+def test_records_deleted_while_a_batch_reads_them_leave_a_note_for_the_planner(
+    deleting: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With failOnDataLoss=false the reader leaves a loss note (the planner
+    counts it in "@lost"); the note covers only this batch's range."""
+    from htmqc.spark import loss_notes
+    from htmqc.spark.kafka_offsets import LossNote
+
+    notes: list[tuple[str, tuple[str, int], LossNote]] = []
+    monkeypatch.setattr(
+        loss_notes, "write_note", lambda config, group, tp, note: notes.append((group, tp, note))
+    )
+    options = parse_options({**BASE, "failOnDataLoss": "false"}, batch=False)
+    part = KafkaRange("t", 0, 100, 200, notes="htmqc-spark-losses-x")
+    assert sum(len(b) for b in read_range(options, part)) == 70
+    assert notes == [("htmqc-spark-losses-x", ("t", 0), LossNote(200, 100, 30))]
+    # Deleted past the range's end: this batch's share ends at its end.
+    notes.clear()
+    monkeypatch.setattr(_DeletingConsumer, "get_watermark_offsets", lambda *a, **k: (260, 300))
+    part = KafkaRange("t", 0, 100, 200, notes="g")
+    assert sum(len(b) for b in read_range(options, part)) == 20
+    assert notes == [("g", ("t", 0), LossNote(200, 100, 80))]
+    # A query that keeps no notes (none given) writes none.
+    notes.clear()
+    assert sum(len(b) for b in read_range(options, KafkaRange("t", 0, 100, 200))) == 20
+    assert notes == []

@@ -8,7 +8,9 @@ Spark keeps, per micro-batch, the source's end offset as JSON
 (the next offset to read per partition), plus ``"@ids"`` (each topic's Kafka
 topic id when it was read; ``@`` cannot start a topic name) and ``"@lost"``
 (offsets skipped and loss events so far, with ``failOnDataLoss=false``). The
-counts show in ``query.lastProgress["sources"][0]["endOffset"]``.
+counts show in ``query.lastProgress["sources"][0]["endOffset"]``. With
+``failOnDataLoss=false`` it also holds ``"@notes"``: the Kafka group that carries
+*loss notes* from the executors, and the notes already counted (below).
 
 Before each trigger the reader looks at the partitions as they are now
 (:class:`Snapshot`: each partition's earliest and end offsets, each topic's id)
@@ -27,19 +29,32 @@ anything the query was due to read and now cannot:
 * ``added-late``: a new partition whose earliest offset is not 0.
 
 The caller fails the query on any loss (``failOnDataLoss=true``) or logs and
-counts it. Nothing here does I/O.
+counts it.
+
+*Records deleted while a batch reads them* are seen by the executor reading
+them, not by the planner, and the two run in different processes. With
+``failOnDataLoss=false`` the reader leaves a **loss note** where the planner can
+find it: the committed offset of the batch's partition in a Kafka group of the
+query's own (``"@notes"``), at the range's end, its metadata saying how many
+offsets it skipped. Spark plans batch ``k+1`` only after batch ``k`` ran, so the
+next planning sees the note of every partition whose next offset is that end:
+:func:`notes_due` turns each into a counted loss once (a note already listed as
+counted, while its partition has not moved on, is not counted again); the
+source's ``commit`` removes the notes an offset lists, after Spark has written
+that offset. A retried task writes the same note again (same end), so it is
+counted once. Nothing here does I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from htmqc.spark.kafka_options import EARLIEST, LATEST, Offsets
 
 TopicPartition = tuple[str, int]
-_IDS, _LOST = "@ids", "@lost"
+_IDS, _LOST, _NOTES = "@ids", "@lost", "@notes"
 
 
 @dataclass(frozen=True)
@@ -80,53 +95,106 @@ class DataLossError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class LossNote:
+    """An executor's note: it read ``partition`` up to ``end`` and skipped
+    ``skipped`` offsets that were deleted under it (the batch began at ``start``)."""
+
+    end: int
+    start: int
+    skipped: int
+
+
+@dataclass(frozen=True)
 class SourceOffset:
-    """The next offset per partition, topic ids, and the loss counts so far."""
+    """The next offset per partition, topic ids, the loss counts so far, and the
+    loss-note group with the notes counted and not yet outrun (module docs)."""
 
     next: Mapping[TopicPartition, int]
     topic_ids: Mapping[str, str] = field(default_factory=dict)
     lost_offsets: int = 0
     loss_events: int = 0
+    notes: str | None = None
+    counted: Mapping[TopicPartition, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for (topic, part), offset in sorted(self.next.items()):
-            out.setdefault(topic, {})[str(part)] = offset
+        out: dict[str, Any] = _by_topic(self.next)
         if self.topic_ids:
             out[_IDS] = dict(sorted(self.topic_ids.items()))
         if self.loss_events:
             out[_LOST] = {"offsets": self.lost_offsets, "events": self.loss_events}
+        if self.notes is not None:
+            out[_NOTES] = {"group": self.notes, "counted": _by_topic(self.counted)}
         return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SourceOffset:
         """Also reads the first ``htmqc-kafka``'s ``{"topic/0": 42}`` checkpoints."""
-        nxt: dict[TopicPartition, int] = {}
-        for key, value in data.items():
-            if key.startswith("@"):
-                continue
-            if isinstance(value, dict):
-                for part, offset in value.items():
-                    nxt[(key, int(part))] = int(offset)
-            else:
-                topic, _, part = key.rpartition("/")
-                nxt[(topic, int(part))] = int(value)
         lost = data.get(_LOST) or {}
+        notes = data.get(_NOTES) or {}
         return cls(
-            nxt,
+            _from_topics(data),
             dict(data.get(_IDS) or {}),
             int(lost.get("offsets", 0)),
             int(lost.get("events", 0)),
+            notes.get("group"),
+            _from_topics(notes.get("counted") or {}),
         )
 
     def with_losses(self, losses: list[DataLoss]) -> SourceOffset:
         skipped = sum(loss.skipped or 0 for loss in losses)
-        return SourceOffset(
-            self.next,
-            self.topic_ids,
-            self.lost_offsets + skipped,
-            self.loss_events + len(losses),
+        return replace(
+            self,
+            lost_offsets=self.lost_offsets + skipped,
+            loss_events=self.loss_events + len(losses),
         )
+
+
+def _by_topic(offsets: Mapping[TopicPartition, int]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for (topic, part), offset in sorted(offsets.items()):
+        out.setdefault(topic, {})[str(part)] = offset
+    return out
+
+
+def _from_topics(data: Mapping[str, Any]) -> dict[TopicPartition, int]:
+    out: dict[TopicPartition, int] = {}
+    for key, value in data.items():
+        if key.startswith("@"):
+            continue
+        if isinstance(value, dict):
+            for part, offset in value.items():
+                out[(key, int(part))] = int(offset)
+        else:
+            topic, _, part = key.rpartition("/")
+            out[(topic, int(part))] = int(value)
+    return out
+
+
+def notes_due(
+    previous: SourceOffset, notes: Mapping[TopicPartition, LossNote]
+) -> tuple[list[DataLoss], dict[TopicPartition, int]]:
+    """The loss notes of the batch that ended at ``previous`` (module docs), as
+    losses, and what the next offset lists as counted: these notes, and those
+    ``previous`` listed whose partition has not moved on since (the next
+    planning starts where they end, so it would otherwise count them again)."""
+    losses: list[DataLoss] = []
+    counted: dict[TopicPartition, int] = {}
+    for tp, note in sorted(notes.items()):
+        if previous.next.get(tp) != note.end or previous.counted.get(tp) == note.end:
+            continue
+        losses.append(
+            DataLoss(
+                *tp, "deleted",
+                f"{note.skipped} offsets of the batch {note.start}..{note.end - 1} were "
+                "deleted while it read them (counted from the reader's note)",
+                note.skipped,
+            )
+        )  # fmt: skip
+        counted[tp] = note.end
+    for tp, end in previous.counted.items():
+        if previous.next.get(tp) == end:
+            counted.setdefault(tp, end)
+    return losses, counted
 
 
 def initial_positions(

@@ -54,15 +54,18 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from htmqc.errors import UsageError
+from htmqc.spark import loss_notes
 from htmqc.spark.kafka_offsets import (
     DataLoss,
     DataLossError,
+    LossNote,
     Snapshot,
     SourceOffset,
     TopicPartition,
     continue_from,
     ends,
     initial_positions,
+    notes_due,
 )
 from htmqc.spark.kafka_options import (
     NAME,
@@ -145,11 +148,15 @@ def _check_settings(settings: Mapping[str, str]) -> None:
 
 
 class KafkaRange(InputPartition):
-    """One Kafka partition's offsets ``[start, end)`` to read."""
+    """One Kafka partition's offsets ``[start, end)`` to read; ``notes``: the
+    query's loss-notes group (:mod:`htmqc.spark.loss_notes`), if it keeps one."""
 
-    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
+    def __init__(
+        self, topic: str, partition: int, start: int, end: int, notes: str | None = None
+    ) -> None:
         super().__init__((topic, partition, start, end))
         self.topic, self.partition, self.start, self.end = topic, partition, start, end
+        self.notes = notes
 
 
 #: How long the driver waits for a cluster that never answered this query's planner.
@@ -186,7 +193,7 @@ class _Planner:
     def _on_error(self, err: Any) -> None:
         self._last_error = err.str()
 
-    def _admin_client(self) -> Any:
+    def admin(self) -> Any:
         from confluent_kafka.admin import AdminClient
 
         if self._admin is None:
@@ -245,7 +252,7 @@ class _Planner:
         ids: dict[str, str] = {}
         try:
             for topic, future in (
-                self._admin_client()
+                self.admin()
                 .describe_topics(TopicCollection(topics), request_timeout=15)
                 .items()
             ):
@@ -399,8 +406,15 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         now = self.planner.snapshot(first=True)
         start, losses = self.planner.positions(self.options.starting, now)
         self.planner.on_loss(losses)
-        offset = SourceOffset(start, now.topic_ids).with_losses(losses)
-        return offset.to_json()
+        offset = SourceOffset(start, now.topic_ids, notes=self._notes_group(None))
+        return offset.with_losses(losses).to_json()
+
+    def _notes_group(self, kept: str | None) -> str | None:
+        """The loss-notes group: kept from the checkpoint, new if it has none;
+        none with ``failOnDataLoss=true`` (a loss fails the reading task)."""
+        if self.options.fail_on_data_loss:
+            return None
+        return kept or loss_notes.new_group()
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_offsets_per_trigger is None:
@@ -416,13 +430,24 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         now = self.planner.snapshot()
         begin, losses = continue_from(previous, now)
         self.planner.on_loss(losses)
+        notes = self._notes_group(previous.notes)
+        counted: dict[TopicPartition, int] = {}
+        if notes is not None and previous.notes is not None:
+            # Read-time losses of the batch that ended at ``previous``: already
+            # logged by the executors; counted here.
+            due, counted = notes_due(
+                previous, loss_notes.read_notes(self.planner.admin(), previous.notes)
+            )
+            losses = [*losses, *due]
         highs = {tp: high for tp, (_, high) in now.partitions.items()}
         if self._target is not None:
             begin = {tp: o for tp, o in begin.items() if tp in self._target}
             highs = {tp: max(begin[tp], min(highs[tp], self._target[tp])) for tp in begin}
         rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         end = ends(begin, highs, rows)
-        offset = SourceOffset(end, now.topic_ids, previous.lost_offsets, previous.loss_events)
+        offset = SourceOffset(
+            end, now.topic_ids, previous.lost_offsets, previous.loss_events, notes, counted
+        )
         out = offset.with_losses(losses).to_json()
         moved = {tp: o for tp, o in begin.items() if previous.next.get(tp) != o}
         if moved:
@@ -432,11 +457,15 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
         begin = dict(SourceOffset.from_json(start).next)
         begin.update(SourceOffset.from_json(end.get(_FROM) or {}).next)
-        stop = SourceOffset.from_json(end).next
-        return _ranges(begin, stop)
+        last = SourceOffset.from_json(end)
+        return _ranges(begin, last.next, last.notes)
 
     def commit(self, end: dict[str, Any]) -> None:
-        """Nothing to do: offsets live in Spark's checkpoint, not in Kafka."""
+        """Offsets live in Spark's checkpoint, not in Kafka; Spark has written
+        ``end``, so the loss notes it lists as counted can go."""
+        offset = SourceOffset.from_json(end)
+        if offset.notes is not None and offset.counted:
+            loss_notes.clear_notes(self.planner.admin(), offset.notes, offset.counted)
 
     def stop(self) -> None:
         self.planner.close()
@@ -482,9 +511,13 @@ class KafkaBatchReader(DataSourceReader):
         return read_range(self.options, partition)
 
 
-def _ranges(begin: Mapping[TopicPartition, int], stop: Mapping[TopicPartition, int]) -> list[Any]:
+def _ranges(
+    begin: Mapping[TopicPartition, int],
+    stop: Mapping[TopicPartition, int],
+    notes: str | None = None,
+) -> list[Any]:
     return [
-        KafkaRange(topic, part, begin[(topic, part)], end)
+        KafkaRange(topic, part, begin[(topic, part)], end, notes)
         for (topic, part), end in sorted(stop.items())
         if (topic, part) in begin and end > begin[(topic, part)]
     ]
@@ -607,7 +640,8 @@ def read_range(options: SourceOptions, part: KafkaRange) -> Iterator[Any]:
     Stops at the first record at or past ``end``, or at the end of the partition
     (all of ``[start, end)`` was below the end when planned, so what did not
     arrive is a gap). Records deleted since planning are data loss (failed or
-    skipped per ``failOnDataLoss``). Raises ``TimeoutError`` after
+    skipped per ``failOnDataLoss``; skipped ones leave a loss note for the
+    planner to count when the query keeps notes). Raises ``TimeoutError`` after
     ``kafkaConsumer.pollTimeoutMs`` of silence.
     """
     from confluent_kafka import KafkaError, KafkaException
@@ -623,6 +657,7 @@ def read_range(options: SourceOptions, part: KafkaRange) -> Iterator[Any]:
     try:
         arrived: list[int] = []
         pending: list[Any] = []
+        skipped = 0
         done = False
         silent_since = time.monotonic()
         while not done:
@@ -644,7 +679,10 @@ def read_range(options: SourceOptions, part: KafkaRange) -> Iterator[Any]:
                         KafkaError._AUTO_OFFSET_RESET,
                         KafkaError.OFFSET_OUT_OF_RANGE,
                     ):
-                        tracker, arrived = _skip_deleted(consumer, options, part, tracker, arrived)
+                        tracker, arrived, lost = _skip_deleted(
+                            consumer, options, part, tracker, arrived
+                        )
+                        skipped += lost
                         if tracker.next >= part.end:
                             done = True
                         break
@@ -665,15 +703,21 @@ def read_range(options: SourceOptions, part: KafkaRange) -> Iterator[Any]:
             raise RuntimeError(
                 f"{NAME}: {part.topic}/{part.partition} stopped at {tracker.processed}"
             )
+        if skipped and part.notes is not None:
+            loss_notes.write_note(
+                options.consumer_config(), part.notes, (part.topic, part.partition),
+                LossNote(part.end, part.start, skipped),
+            )  # fmt: skip
     finally:
         consumer.unassign()
 
 
 def _skip_deleted(
     consumer: Any, options: SourceOptions, part: KafkaRange, tracker: Any, arrived: list[int]
-) -> tuple[Any, list[int]]:
+) -> tuple[Any, list[int], int]:
     """Records in the range were deleted after planning: fail, or go on from the
-    partition's earliest offset now (what arrived so far stays counted)."""
+    partition's earliest offset now (what arrived so far stays counted); the
+    new tracker, arrivals, and the count of offsets skipped."""
     from confluent_kafka import TopicPartition as TP
 
     from htmqc.core.lifecycle import Event
@@ -683,9 +727,14 @@ def _skip_deleted(
         TP(part.topic, part.partition), timeout=15, cached=False
     )
     at = arrived[-1] + 1 if arrived else part.start
+    # Below the earliest: go on from it (this batch's share of the deleted
+    # offsets ends at its range's end; the next planning sees the rest). Past
+    # the end (the partition shrank): the rest of the range is gone.
+    resume = min(low, part.end) if low > at else part.end
+    what = "were deleted" if low > at else "are past the partition's end now"
     loss = DataLoss(
         part.topic, part.partition, "deleted",
-        f"offsets {at}..{low - 1} were deleted while the batch read them", max(0, low - at),
+        f"offsets {at}..{resume - 1} {what} while the batch read them", resume - at,
     )  # fmt: skip
     if options.fail_on_data_loss:
         raise DataLossError([loss])
@@ -693,8 +742,6 @@ def _skip_deleted(
     if arrived:
         tracker.apply_many(Event.START, tracker.fetched(arrived, at))
         tracker.apply_many(Event.SUCCEED, arrived)
-    # Below the earliest: go on from it. Past the end (the partition shrank): the
-    # rest of the range is gone.
-    resumed = PartitionTracker(min(low, part.end) if low > at else part.end)
-    consumer.assign([TP(part.topic, part.partition, resumed.next)])
-    return resumed, []
+    resumed = PartitionTracker(resume)
+    consumer.assign([TP(part.topic, part.partition, resume)])
+    return resumed, [], resume - at
