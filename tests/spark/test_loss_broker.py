@@ -1,12 +1,19 @@
-"""Records deleted between a batch's planning and its read, on Apache Kafka,
-without Spark's JVM: the real reader skips them and leaves a loss note in the
-query's notes group, the real planner counts it once in ``"@lost"``, and the
-source's commit removes it (:mod:`htmqc.spark.loss_notes`). Kafka only: the
-bundled broker drops commit metadata, where the note lives."""
+"""``htmqc-kafka``'s loss paths on Apache Kafka, without Spark's JVM (the real
+planner and reader, called as Spark calls them):
+
+* records deleted between a batch's planning and its read: the reader skips
+  them and leaves a loss note in the query's notes group, the planner counts it
+  once in ``"@lost"``, and the source's commit blanks it
+  (:mod:`htmqc.spark.loss_notes`). Kafka only: the bundled broker drops commit
+  metadata, where the note lives;
+* a partition truncated under the checkpoint (its end now below the next offset,
+  with no topic id to tell a recreated topic: a checkpoint of the first
+  ``htmqc-kafka``, or a broker without topic ids): ``backwards``."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,7 +25,7 @@ from tests.services import require_module
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
 require_module("pyspark")
-from confluent_kafka import TopicPartition  # noqa: E402
+from confluent_kafka import KafkaException, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient  # noqa: E402
 from pyspark.sql.streaming.datasource import ReadAllAvailable  # noqa: E402
 
@@ -102,6 +109,46 @@ def test_a_query_that_fails_on_data_loss_keeps_no_notes(
         # A checkpoint written without notes (failOnDataLoss was true) gets a group.
         plain = SourceOffset({(topic, 0): 0}).to_json()
         assert lenient.latestOffset(plain, ReadAllAvailable())["@notes"]["group"]
+    finally:
+        strict.stop()
+        lenient.stop()
+
+
+@pytest.mark.brokers("kafka")
+def test_a_partition_truncated_under_the_checkpoint_is_data_loss(
+    broker: Any, new_topic: Callable[..., str]
+) -> None:
+    from confluent_kafka.admin import NewTopic
+
+    from htmqc.spark.kafka_offsets import DataLossError
+
+    topic = new_topic(partitions=1)
+    produce(broker.bootstrap, topic, 300, keys=2)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.delete_topics([topic])[topic].result()
+    deadline = time.monotonic() + 30
+    while True:  # deletion is asynchronous: TOPIC_ALREADY_EXISTS until it is done
+        try:
+            admin.create_topics([NewTopic(topic, 1, 1)])[topic].result()
+            break
+        except KafkaException:
+            assert time.monotonic() < deadline, f"{topic} not recreated in 30 s"
+            time.sleep(0.3)
+    produce(broker.bootstrap, topic, 100, keys=2)
+    # The first htmqc-kafka's checkpoint shape: offsets only, no topic ids.
+    checkpoint = {f"{topic}/0": 300}
+    settings = {"kafka.bootstrap.servers": broker.bootstrap, "subscribe": topic}
+    strict = KafkaStreamReader(parse_options(settings, batch=False))
+    lenient = KafkaStreamReader(parse_options({**settings, "failOnDataLoss": "false"},
+                                              batch=False))  # fmt: skip
+    try:
+        with pytest.raises(
+            DataLossError, match=rf"{topic}/0 backwards: next offset 300 > end 100"
+        ):
+            strict.latestOffset(checkpoint, ReadAllAvailable())
+        going_on = lenient.latestOffset(checkpoint, ReadAllAvailable())
+        assert going_on[topic] == {"0": 100}  # on from the end, as Spark's connector does
+        assert lost(going_on) == {"offsets": 0, "events": 1}
     finally:
         strict.stop()
         lenient.stop()
