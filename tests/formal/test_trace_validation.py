@@ -426,6 +426,26 @@ def test_lines_in_memory_are_validated() -> None:
     assert tv.validate_lines([json.loads(x) for x in lines]).ok
 
 
+def test_a_trace_cut_between_writes_is_whole_batches_and_valid() -> None:
+    """A process killed while tracing loses what it had not written yet; the
+    tracer writes each event's lines in one write, so every prefix of writes
+    is whole batches, and each such prefix is a valid trace (cut mid-batch,
+    the recorded state would be the whole batch's, which the model refuses)."""
+    writes: list[str] = []
+
+    class Recorder(io.StringIO):
+        def write(self, text: str) -> int:
+            writes.append(text)
+            return len(text)
+
+    drive(TracingCore(Recorder()))
+    assert len(writes[2].splitlines()) == 2  # the started_many of offsets 0 and 1
+    for cut in range(1, len(writes) + 1):
+        lines = "".join(writes[:cut]).splitlines()
+        report = tv.validate_lines(lines, mode="exactly-once")
+        assert report.ok, (cut, report.summary())
+
+
 def test_lines_in_memory_from_a_mutated_core_are_rejected(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -1,6 +1,7 @@
 """What the tests of every non-Kafka source share: draining a consumer, assigning
 at given offsets, the sink's positions, and the checks that hold for each adapter
-(seek and pause, ordered commits, exactly-once across a SIGKILL)."""
+(seek and pause, ordered commits, exactly-once across a SIGKILL, each run's trace
+valid against the reference model and the TLA+ spec)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from confluent_kafka import TopicPartition as KafkaTP
 
 from htmqc.sources.pumped import OFFSET_INVALID
+from model_checks.trace_validation import validate_trace
 from tests.runtime.test_modes_broker import assigned_starts
 from tests.runtime.test_run_broker import (
     effect_ids,
@@ -26,6 +28,22 @@ from tests.runtime.test_run_broker import (
 )
 
 HANDLERS = "tests.runtime.handlers"
+
+
+def traced(path: Path) -> list[str]:
+    """The ``htmqc run`` arguments that write the core's transitions to ``path``."""
+    return ["--trace", str(path)]
+
+
+def check_traces(mode: str, *paths: Path) -> None:
+    """Each run's trace (a SIGKILLed run's cut short) is a behaviour of the core
+    the reference model accepts, and of the TLA+ spec where it is small enough
+    for TLC (:func:`model_checks.trace_validation.validate_trace`): the adapter's
+    positions drive the same machine as Kafka's."""
+    for path in paths:
+        report = validate_trace(path, mode=mode)
+        assert report.lines > 0, f"{path.name}: no transitions traced"
+        assert not report.violations, f"{path.name}: {report.violations[0]}"
 
 
 def drain(consumer: Any, want: int, timeout: float = 10.0) -> list[Any]:
@@ -120,9 +138,10 @@ def check_exactly_once_across_sigkill(
     after 1,500 effects: the restart resumes at the sink's positions and every
     effect is stored exactly once."""
     db, log = tmp_path / "eo.db", tmp_path / "run.log"
+    trace1, trace2 = tmp_path / "first.trace", tmp_path / "second.trace"
     once = exactly_once_args(db, "g-eo", "--txn-messages", "300")
     args = [f"{HANDLERS}:slow_record", *source, *once]
-    first = htmqc_run(url, topic, *args, log=log)
+    first = htmqc_run(url, topic, *args, *traced(trace1), log=log)
     try:
         wait_for(lambda: stored(db) >= 1500, 60, "the first transactions")
     finally:
@@ -132,7 +151,7 @@ def check_exactly_once_across_sigkill(
     assert sum(at_kill.values()) < n
     assert len(effect_ids(db)) == sum(at_kill.values()), "effects and positions disagree"
     second_log = tmp_path / "second.log"
-    second = htmqc_run(url, topic, *args, "--idle-exit", "2", log=second_log)
+    second = htmqc_run(url, topic, *args, *traced(trace2), "--idle-exit", "2", log=second_log)
     assert finish(second, 90) == 0, second_log.read_text()[-2000:]
     starts = assigned_starts(second_log, topic)
     assert starts == {p: at_kill.get(p, 0) for p in range(4)}, "did not resume at the sink"
@@ -140,3 +159,4 @@ def check_exactly_once_across_sigkill(
     assert len(ids) == n, "lost or duplicated effects"
     assert sorted(ids) == list(range(n))
     assert stored(db) == n
+    check_traces("exactly-once", trace1, trace2)

@@ -30,7 +30,7 @@ from tests.runtime.test_run_broker import (
     htmqc_run,
     wait_for,
 )
-from tests.sources.support import HANDLERS, positions
+from tests.sources.support import HANDLERS, check_traces, positions, traced
 
 pytestmark = pytest.mark.slow
 
@@ -50,18 +50,21 @@ def test_at_least_once_across_sigkill_loses_nothing(
     produce(nats_server.url, topic, n, partitions=4, client=client)
     out1, out2 = tmp_path / "first.txt", tmp_path / "second.txt"
     log1, log2 = tmp_path / "first.log", tmp_path / "second.log"
+    trace1, trace2 = tmp_path / "first.trace", tmp_path / "second.trace"
     args = [f"{HANDLERS}:log_order", *nats("--group", group)]
 
     def committed() -> int:
         return sum(client.committed(group, topic, p) or 0 for p in range(4))
 
-    first = htmqc_run(nats_server.url, topic, *args, env={"HTMQC_TEST_OUT": str(out1)}, log=log1)
+    first = htmqc_run(
+        nats_server.url, topic, *args, *traced(trace1), env={"HTMQC_TEST_OUT": str(out1)}, log=log1
+    )
     try:
         wait_for(lambda: committed() >= 1500, 60, "the first commits")
     finally:
         kill(first)
     second = htmqc_run(
-        nats_server.url, topic, *args, "--idle-exit", "2",
+        nats_server.url, topic, *args, *traced(trace2), "--idle-exit", "2",
         env={"HTMQC_TEST_OUT": str(out2)}, log=log2,
     )  # fmt: skip
     assert finish(second, 90) == 0, log2.read_text()[-2000:]
@@ -69,6 +72,7 @@ def test_at_least_once_across_sigkill_loses_nothing(
     assert "waiting as a standby" in log2.read_text()
     audit_sigkill_restart(out1, out2, log2, topic, n)
     assert committed() == n
+    check_traces("at-least-once", trace1, trace2)
 
 
 def test_deleted_and_purged_messages_are_gaps(

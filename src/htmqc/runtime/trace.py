@@ -26,7 +26,8 @@ core's method names): ``assign``, ``fetched``, the lifecycle events,
   the ``fences`` mapping the runtime keeps; the core does not know it).
 
 Batch events write one line per offset (the state after the whole batch), so a
-trace replays through the reference model offset by offset. Late events (stale
+trace replays through the reference model offset by offset; a batch's lines go
+out in one write, so a process killed while tracing leaves whole batches. Late events (stale
 epoch) are not written: they change nothing. Tracing costs a JSON dump per
 offset; leave it off for throughput. ``model_checks.trace_validation`` reads
 this format (and refuses traces written before it had ``requested``).
@@ -91,10 +92,12 @@ class TracingCore(ConsumerCore):
     ) -> None:
         state = self._state(tp)
         name = f"{tp[0]}/{tp[1]}"
-        for off in offsets:
-            self._out.write(
-                json.dumps({"p": name, "ev": ev, "off": off, "state": state, **extra}) + "\n"
-            )
+        # One write per event: a process killed mid-trace loses whole batches at
+        # its tail, never the end of one (whose lines all carry the state after it).
+        self._out.write("".join(
+            json.dumps({"p": name, "ev": ev, "off": off, "state": state, **extra}) + "\n"
+            for off in offsets
+        ))  # fmt: skip
 
     def _fence(self, tp: TopicPartition) -> dict[str, int]:
         fence = self.fences.get(tp) if self.fences is not None else None
