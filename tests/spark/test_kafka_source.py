@@ -117,6 +117,7 @@ def test_failure_inside_foreach_batch_then_restart_stays_exactly_once(
         assert conn.execute("SELECT batch_id FROM htmqc_spark_batches").fetchone()[0] >= 2
 
 
+@pytest.mark.brokers("tansu", "kafka")
 def test_a_fresh_checkpoint_on_a_used_sink_fails_instead_of_skipping(
     spark: Any, broker: Any, new_topic: Callable[..., str], tmp_path: Path
 ) -> None:
