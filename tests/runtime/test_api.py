@@ -28,12 +28,14 @@ BASE = {"bootstrap": "127.0.0.1:1", "topic": "t", "group": "g"}
 def test_import_htmqc_stays_light_and_exports_the_api() -> None:
     loaded = subprocess.run(
         [sys.executable, "-c", "import sys, htmqc; print('confluent_kafka' in sys.modules, "
-         "'htmqc.runtime' in sys.modules); htmqc.Consumer; print('htmqc.runtime' in sys.modules)"],
+         "'htmqc.runtime' in sys.modules); htmqc.SqlTx, htmqc.KafkaTx, htmqc.Message; "
+         "print('confluent_kafka' in sys.modules, 'htmqc.runtime' in sys.modules); "
+         "htmqc.Consumer; print('htmqc.runtime' in sys.modules)"],
         capture_output=True, text=True, check=True,
     ).stdout.split()
-    assert loaded == ["False", "False", "True"]
+    assert loaded == ["False", "False", "False", "False", "True"]
     assert htmqc.Consumer is Consumer
-    assert "Consumer" in htmqc.__all__ and "Message" in htmqc.__all__
+    assert {"Consumer", "Message", "SqlTx", "KafkaTx"} <= set(htmqc.__all__)
     with pytest.raises(AttributeError):
         _ = htmqc.Nope  # type: ignore[attr-defined]
 
@@ -75,6 +77,44 @@ def test_the_environment_does_not_leak_into_a_library_consumer(
 def test_bad_options_fail_when_built(kwargs: dict[str, Any], error: str) -> None:
     with pytest.raises(UsageError, match=error):
         Consumer(**kwargs)
+
+
+NO_TOPIC = {"bootstrap": "127.0.0.1:1", "group": "g"}
+
+
+def test_topics_take_a_list_as_topic_does() -> None:
+    """``topics=[...]`` (or ``topic=[...]``) is ``--topic a,b``; a string is taken as
+    ``--topic`` takes it; per-topic handlers register against the listed names."""
+    assert Consumer(**NO_TOPIC, topics=["orders", "refunds"]).options.topic == "orders,refunds"
+    assert Consumer(**NO_TOPIC, topic=["orders", "refunds"]).options.topic == "orders,refunds"
+    assert Consumer(**NO_TOPIC, topics=("orders",)).options.topic == "orders"
+    assert Consumer(**NO_TOPIC, topics="orders,refunds").options.topic == "orders,refunds"
+    assert Consumer(**NO_TOPIC, topics=[r"^orders\..*"]).options.topic == r"^orders\..*"
+    consumer = Consumer(**NO_TOPIC, topics=["orders", "refunds"])
+    consumer.handler(lambda msg: None, topic="refunds")
+    with pytest.raises(UsageError, match="is not one this consumer reads"):
+        consumer.handler(lambda msg: None, topic="other")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"topics": []}, "topics= is an empty list"),
+        ({"topic": ()}, "topic= is an empty list"),
+        ({"topics": ["orders", 3]}, "topics= lists 3, a int, not a topic name"),
+        ({"topic": ["orders", None]}, "topic= lists None, a NoneType, not a topic name"),
+        ({"topics": ["orders", " "]}, "topics= lists an empty topic name"),
+        ({"topics": ["orders,refunds"]}, "topics= lists 'orders,refunds', which holds a comma"),
+        ({"topics": {"orders"}}, "topics= must be a topic name or a list of them, got a set"),
+        ({"topics": ["orders", "orders"]}, "--topic names 'orders' twice"),
+        ({"topics": ["orders", "^r.*"]}, "mixes a pattern with other entries"),
+        ({"topic": "orders", "topics": ["refunds"]}, "both topic= and topics= given"),
+    ],
+)
+def test_a_bad_topic_list_is_one_line_when_built(kwargs: dict[str, Any], error: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        Consumer(**NO_TOPIC, **kwargs)
+    assert error in caught.value.line() and "\n" not in caught.value.line()
 
 
 def test_handlers_are_checked_when_registered() -> None:
