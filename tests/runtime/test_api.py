@@ -156,6 +156,19 @@ def test_run_blocks_until_max_messages_and_commits(broker: Broker, new_topic: An
 
 
 @pytest.mark.broker
+def test_a_topics_list_reads_every_listed_topic(broker: Broker, new_topic: Any) -> None:
+    first, second = new_topic(partitions=1), new_topic(partitions=2)
+    produce(broker.bootstrap, first, 20, keys=5)
+    produce(broker.bootstrap, second, 30, keys=5)
+    seen: list[str | None] = []
+    consumer = Consumer(lambda msg: seen.append(msg.topic()), bootstrap=broker.bootstrap,
+                        topics=[first, second], group=f"api-{uuid.uuid4().hex[:6]}",
+                        max_messages=50)  # fmt: skip
+    assert consumer.run() == 50
+    assert sorted(seen) == sorted([first] * 20 + [second] * 30)
+
+
+@pytest.mark.broker
 def test_run_on_another_thread_is_stopped_by_stop(broker: Broker, new_topic: Any) -> None:
     """An application runs ``run()`` on its own thread (no signals there) and ends it
     with ``stop()`` from another: ``run()`` returns what it finished."""
