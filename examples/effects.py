@@ -2,7 +2,7 @@
 
 ``htmqc run examples.effects:record --mode exactly-once --sink sqlite:///out.db ...``
 
-The row goes through the sink transaction handle ``tx`` (a DB-API cursor), so
+The row goes through the sink transaction handle ``tx`` (a DB-API cursor, :class:`htmqc.SqlTx`), so
 it is stored exactly when the consumer's position covering the message is.
 The ``id`` column is deliberately *not* unique: a message processed twice
 would show up as a duplicate in the audit instead of being hidden by a
@@ -13,8 +13,8 @@ time the handler ran, for end-to-end latency.
 from __future__ import annotations
 
 import time
-from typing import Any
 
+from htmqc import Message, SqlTx
 from htmqc.produce import parse_id
 
 TABLE = "effects"
@@ -22,11 +22,11 @@ _CREATE = (
     f'CREATE TABLE IF NOT EXISTS {TABLE} (id BIGINT NOT NULL, msg_key TEXT, "partition" INTEGER, '
     '"offset" BIGINT, produced_ms DOUBLE PRECISION, effect_ms DOUBLE PRECISION)'
 )
-_last: Any = None
+_last: SqlTx | None = None
 _insert = ""
 
 
-def record(msg: Any, tx: Any) -> None:
+def record(msg: Message, tx: SqlTx) -> None:
     """Insert ``(id, key, partition, offset, produced_ms, effect_ms)`` for ``msg``."""
     global _last, _insert
     if tx is not _last:  # a new transaction: make sure the table is there
@@ -42,7 +42,7 @@ def record(msg: Any, tx: Any) -> None:
         tx.execute(
             _insert,
             (
-                parse_id(msg.value()),
+                parse_id(msg.value() or b""),
                 key.decode() if key is not None else None,
                 msg.partition(),
                 msg.offset(),

@@ -14,9 +14,9 @@ once, whatever crashed. An event that does not parse is dead-lettered
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from examples.payments import parse
+from htmqc import KafkaTx, Message
 
 #: ``(upper bound in cents, tier)``, in order; above the last bound: ``"large"``.
 TIERS = ((10_000, "small"), (1_000_000, "medium"))
@@ -27,8 +27,9 @@ def tier_of(amount: int) -> str:
     return next((name for bound, name in TIERS if amount < bound), "large")
 
 
-def tier(msg: Any, tx: Any) -> None:
-    """Send the event with its tier to the sink's topic, keyed by account."""
+def tier(msg: Message, tx: KafkaTx) -> None:
+    """Send the event with its tier to the sink's topic (``tx``: the Kafka
+    transaction, :class:`htmqc.KafkaTx`), keyed by account."""
     payment, account, amount = parse(msg.value())
     event = {"id": payment, "account": account, "amount": amount, "tier": tier_of(amount)}
     tx.send(None, json.dumps(event, separators=(",", ":")).encode(), key=account.encode())

@@ -28,9 +28,8 @@ import json
 import sqlite3
 from collections.abc import Sequence
 from contextlib import closing
-from typing import Any
 
-from htmqc import Consumer, Permanent
+from htmqc import Consumer, Message, Permanent, SqlTx
 
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS payments (id TEXT PRIMARY KEY, account TEXT NOT NULL, "
@@ -65,8 +64,9 @@ def parse(value: bytes | None) -> tuple[str, str, int]:
     return payment, account, amount
 
 
-def handle(msg: Any, tx: Any) -> None:
-    """Store one payment in the message's transaction (module docs)."""
+def handle(msg: Message, tx: SqlTx) -> None:
+    """Store one payment in the message's transaction (module docs): ``tx`` is the
+    sink's cursor (:class:`htmqc.SqlTx`), ``?`` parameters on SQLite, ``%s`` on PostgreSQL."""
     payment, account, amount = parse(msg.value())
     insert, upsert, append = SQL["?" if type(tx).__module__.startswith("sqlite3") else "%s"]
     tx.execute(insert, (payment, account, amount))
@@ -74,7 +74,7 @@ def handle(msg: Any, tx: Any) -> None:
     tx.execute(append, (payment, account, amount, msg.partition(), msg.offset()))
 
 
-def handle_batch(msgs: list[Any], tx: Any) -> None:
+def handle_batch(msgs: list[Message], tx: SqlTx) -> None:
     """The same for a piece of messages at once (``--batch``): three ``executemany``.
     A malformed event fails the piece, which then runs again one message per call,
     so only that event is dead-lettered."""
@@ -97,7 +97,7 @@ def create_tables(sink: str) -> None:
 
     with psycopg.connect(sink.partition("?")[0], autocommit=True) as db:
         for statement in SCHEMA:
-            db.execute(statement)  # type: ignore[arg-type]
+            db.execute(statement)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

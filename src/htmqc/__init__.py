@@ -21,22 +21,22 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from htmqc.api import Consumer
-    from htmqc.ports import Message
+    from htmqc.ports import KafkaTx, Message, SqlTx
     from htmqc.runtime.decode import DecodedMessage, DecodeError
 
 
 def __getattr__(name: str) -> Any:
-    """``htmqc.Consumer``, ``htmqc.Message``, ``htmqc.DecodedMessage`` and
-    ``htmqc.DecodeError``, imported when first used (the runtime and
-    confluent-kafka are not loaded by ``import htmqc``)."""
+    """``htmqc.Consumer``, ``htmqc.Message``, ``htmqc.SqlTx``, ``htmqc.KafkaTx``,
+    ``htmqc.DecodedMessage`` and ``htmqc.DecodeError``, imported when first used
+    (the runtime and confluent-kafka are not loaded by ``import htmqc``)."""
     if name == "Consumer":
         from htmqc.api import Consumer
 
         return Consumer
-    if name == "Message":
-        from htmqc.ports import Message
+    if name in ("Message", "SqlTx", "KafkaTx"):
+        from htmqc import ports
 
-        return Message
+        return getattr(ports, name)
     if name in ("DecodedMessage", "DecodeError"):
         from htmqc.runtime import decode
 
@@ -54,12 +54,14 @@ __all__ = [
     "DecodedMessage",
     "FailureKind",
     "IllegalTransition",
+    "KafkaTx",
     "Message",
     "MessageState",
     "Permanent",
     "RetryAt",
     "RetryPolicy",
     "Retryable",
+    "SqlTx",
     "__version__",
     "classify",
 ]

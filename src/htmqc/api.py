@@ -2,13 +2,13 @@
 
 ::
 
-    from htmqc import Consumer
+    from htmqc import Consumer, Message, SqlTx
 
-    consumer = Consumer(bootstrap="127.0.0.1:9092", topic="payments", group="ledger",
+    consumer = Consumer(bootstrap="127.0.0.1:9092", topics=["payments"], group="ledger",
                         mode="exactly-once", sink="postgresql://localhost/app")
 
     @consumer.handler
-    def handle(msg, tx):
+    def handle(msg: Message, tx: SqlTx) -> None:
         tx.execute("INSERT INTO payments (id, body) VALUES (%s, %s)", (msg.key(), msg.value()))
 
     consumer.run()            # blocks until SIGTERM/SIGINT (or max_messages, idle_exit)
@@ -18,6 +18,11 @@ or, embedded in an application or a test::
     consumer.start()          # checked and connected when it returns; runs on a thread
     ...
     finished = consumer.stop()
+
+``tx`` is the sink's transaction: a :class:`~htmqc.SqlTx` (the DB-API cursor of
+an ``sqlite:`` or ``postgresql:`` sink) or a :class:`~htmqc.KafkaTx` (a ``kafka:``
+sink's ``send``); both are runtime-checkable Protocols, for annotations.
+``topics`` (or ``topic``) takes a list of topic names, or ``--topic``'s text.
 
 Options are the keyword arguments: every option of ``htmqc run`` under its
 Python name (``--max-in-flight`` is ``max_in_flight``; ``htmqc run --help``
@@ -46,7 +51,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar, overload
 
@@ -56,7 +61,7 @@ from htmqc.runtime.decode import check_formats
 from htmqc.runtime.handlers import by_topic, check_handler
 from htmqc.runtime.launch import prepare, serve
 from htmqc.runtime.options import RunOptions
-from htmqc.runtime.subscription import Subscription
+from htmqc.runtime.subscription import Subscription, join_topics
 
 Handler = TypeVar("Handler", bound=Callable[..., Any])
 
@@ -66,18 +71,30 @@ class Consumer:
 
     ``handler``: the handler, or register it later with :meth:`handler` (one per
     topic if ``topic`` lists several).
+    ``topics``: the topics to read, a list (``["orders", "refunds"]``) or a string
+    as ``--topic`` takes it (one name, ``"orders,refunds"``, or one ``^`` pattern);
+    ``topic=`` takes the same. Give one of the two.
     ``**options``: ``htmqc run``'s options by their Python names.
 
-    :raises UsageError: an unknown or invalid option, a missing required one.
+    :raises UsageError: an unknown or invalid option, a missing required one; an
+        empty topic list or one holding a non-string, blank or comma'd name; a
+        name listed twice or a pattern beside names; ``topic`` and ``topics`` both.
     """
 
     def __init__(
         self,
         handler: Callable[..., Any] | None = None,
         *,
+        topics: str | Sequence[str] | None = None,
         kafka_config: Mapping[str, Any] | None = None,
         **options: Any,
     ) -> None:
+        if topics is not None:
+            if options.get("topic") is not None:
+                raise UsageError("both topic= and topics= given", "pass one of them")
+            options["topic"] = join_topics(topics, "topics")
+        elif isinstance(options.get("topic"), (list, tuple)):
+            options["topic"] = join_topics(options["topic"], "topic")
         unknown = sorted(set(options) - set(FIELDS))
         if unknown:
             raise UsageError(
@@ -106,6 +123,7 @@ class Consumer:
         return consumer
 
     def _init(self, options: RunOptions, handler: Callable[..., Any] | None) -> None:
+        Subscription.of(options.topic, options.retry_topic)  # a bad subscription fails here
         check_formats(options)
         self.options = options
         self._handlers: dict[str | None, Callable[..., Any]] = {}

@@ -15,6 +15,8 @@ methods or asks a sink its name: what a sink can do is said here.
 * :class:`ProducerPort`: dead letters and retry records (at-least-once).
 * :class:`Sink` / :class:`SinkTransaction`: exactly-once storage, effects and
   positions in one transaction, fenced (contract in :mod:`htmqc.sinks.base`).
+* :class:`SqlTx` / :class:`KafkaTx`: what a handler's ``tx`` is in exactly-once
+  mode (public: ``htmqc.SqlTx``, ``htmqc.KafkaTx``).
 * :class:`Clock`: ``monotonic()`` for every timer of the runtime (commit
   interval, transaction age, retries, flow), ``wall()`` for what is stored
   (failure times, retry-topic due times). One clock is injected into the
@@ -24,10 +26,10 @@ methods or asks a sink its name: what a sink can do is said here.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, Self, runtime_checkable
 
 from htmqc.core.decisions import Commit, TopicPartition
 
@@ -52,6 +54,82 @@ class Message(Protocol):
     def timestamp(self) -> tuple[int, int]: ...
     def error(self) -> Any: ...
     def __len__(self) -> int: ...
+
+
+#: Parameters of one SQL statement: positional (``?`` / ``%s``) or named.
+SqlParams = Sequence[Any] | Mapping[str, Any]
+
+
+@runtime_checkable
+class SqlTx(Protocol):
+    """The ``tx`` an exactly-once handler gets from an SQL sink (``sqlite://``,
+    ``postgresql://``): a DB-API cursor of the sink's open transaction
+    (``sqlite3.Cursor``, ``psycopg.Cursor``), typed by what both drivers offer.
+
+    Contract: every statement runs in the transaction that also stores the
+    consumer's position, so its effects are committed exactly when the message
+    counts as done, and undone (a savepoint) when the handler raises. The
+    handler must not ``COMMIT``, ``ROLLBACK`` or close it, and must let database
+    errors propagate. Parameter markers are the driver's: ``?`` for SQLite,
+    ``%s`` for PostgreSQL.
+    """
+
+    def execute(self, query: str, params: SqlParams = ..., /) -> Self:
+        """Run one statement with ``params``; returns the cursor (for ``fetch*``)."""
+        ...
+
+    def executemany(self, query: str, params_seq: Iterable[SqlParams], /) -> object:
+        """Run one statement once per parameter set (a batch handler's insert)."""
+        ...
+
+    def fetchone(self) -> Any:
+        """The next row of the last query (a tuple), or ``None``."""
+        ...
+
+    def fetchmany(self, size: int = ..., /) -> list[Any]:
+        """Up to ``size`` more rows of the last query."""
+        ...
+
+    def fetchall(self) -> list[Any]:
+        """The remaining rows of the last query."""
+        ...
+
+    @property
+    def rowcount(self) -> int:
+        """Rows the last statement changed or returned (``-1``: not known)."""
+        ...
+
+
+#: A Kafka record's headers as a handler may give them.
+SendHeaders = Mapping[str, str | bytes] | Sequence[tuple[str, str | bytes]]
+
+
+@runtime_checkable
+class KafkaTx(Protocol):
+    """The ``tx`` an exactly-once handler gets from the Kafka sink
+    (``kafka:TOPIC``): records sent through it are written in the Kafka
+    transaction that also commits the consumer's offsets.
+
+    Contract: a record is produced only if the handler returns normally (a
+    message that fails sends nothing), and ``read_committed`` readers see it
+    exactly when the input offsets are committed.
+    """
+
+    @property
+    def topic(self) -> str:
+        """The sink's output topic (``kafka:TOPIC``)."""
+        ...
+
+    def send(
+        self,
+        topic: str | None,
+        value: str | bytes | None,
+        key: str | bytes | None = None,
+        headers: SendHeaders | None = None,
+    ) -> None:
+        """Send a record to ``topic`` (``None``: the sink's output topic) in the
+        open transaction; text is encoded as UTF-8."""
+        ...
 
 
 class ConsumerPort(Protocol):
@@ -125,9 +203,11 @@ class SystemClock:
 class SinkTransaction(Protocol):
     """One open transaction of a :class:`Sink` (see :mod:`htmqc.sinks.base`)."""
 
-    #: What the user handler receives: a DB-API cursor (sqlite3 / psycopg) or,
-    #: for Kafka, an ``Output`` with ``send(topic, value, key=None, headers=None)``.
-    handle: Any
+    @property
+    def handle(self) -> SqlTx | KafkaTx:
+        """What the user handler receives as ``tx``: a DB-API cursor (sqlite3 /
+        psycopg, a :class:`SqlTx`) or, for Kafka, an ``Output`` (a :class:`KafkaTx`)."""
+        ...
 
     def message(self) -> AbstractContextManager[None]:
         """Scope of one message's effects. If the block raises, that message's

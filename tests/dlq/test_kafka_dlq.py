@@ -16,6 +16,7 @@ from htmqc.dlq.entries import Selection
 from htmqc.dlq.kafka_source import KafkaDlq, redrive_group
 from htmqc.kafka_defaults import producer_config
 from htmqc.runtime.delivery import AtLeastOnce
+from htmqc.sinks.kafka_positions import DEFAULT_POSITIONS_TOPIC
 from tests.dlq.support import Msg, info, read_topic
 from tests.dlq.test_sql_dlq import run
 
@@ -121,6 +122,107 @@ def test_redrive_partial_full_and_again(broker: Broker, new_topic: Any, capsys: 
         ("v5", 1, b"k5", f"{poison}/0/1"),
     ]
     assert records[0].headers()[0][0] == "h", "the original headers come first"
+
+
+def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    """Each partition's end offset of ``topic`` (every partition it has)."""
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": "probe-ends"})
+    try:
+        meta = probe.list_topics(topic, timeout=10).topics[topic]
+        return {p: probe.get_watermark_offsets(KafkaTP(topic, p), timeout=10)[1]
+                for p in sorted(meta.partitions)}  # fmt: skip
+    finally:
+        probe.close()
+
+
+def redrive_marks(bootstrap: str, topic: str) -> list[tuple[str, int, int, str]]:
+    """The redrive group's committed positions (offset and metadata) on both DLQs."""
+    reader = Consumer({"bootstrap.servers": bootstrap, "group.id": redrive_group(topic)})
+    try:
+        marks = reader.committed([KafkaTP(f"{topic}.dlq", 0), KafkaTP(f"{topic}.dlq.poison", 0)],
+                                 timeout=10)  # fmt: skip
+        return [(m.topic, m.partition, m.offset, m.metadata or "") for m in marks]
+    finally:
+        reader.close()
+
+
+def dry_run(capsys: Any, bootstrap: str, topic: str, *flt: str) -> set[str]:
+    """The ids ``redrive --dry-run`` lists (its table's first column), checked
+    against its summary line."""
+    code, out, err = run(capsys, "redrive", "--bootstrap", bootstrap, "--topic", topic,
+                         "--dry-run", *flt)  # fmt: skip
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].split()[0] == "id" and lines[-1].startswith("dry run: ")
+    ids = {line.split()[0] for line in lines[1:-1]}
+    assert lines[-1] == (f"dry run: {len(ids)} dead letters would be redriven to {topic}; "
+                         "nothing was written")  # fmt: skip
+    return ids
+
+
+def test_redrive_dry_run_lists_exactly_what_the_redrive_writes_and_changes_nothing(
+    broker: Broker, new_topic: Any, capsys: Any
+) -> None:
+    """After a partial redrive (marks below and above the committed offset), the dry
+    run of a selection lists the entries the real redrive of that selection then
+    writes, no more, no fewer; and the dry runs leave the redrive marks, the source
+    topic and the positions topic as they were."""
+    topic = dead_letter_topic(broker, new_topic, count=9)
+    bs, dlq, poison = broker.bootstrap, f"{topic}.dlq", f"{topic}.dlq.poison"
+    code, out, err = run(capsys, "redrive", "--bootstrap", bs, "--topic", topic,
+                         "--error-class", "Bad")  # fmt: skip  (ids 1, 3, 5, 7)
+    assert code == 0 and out.splitlines()[-1].startswith("redrove 4 dead letters"), err
+    written = list(read_topic(bs, topic, 2, 4))
+    assert len(written) == 4
+    # dlq holds ids 0 1 3 4 6 7 (offsets 0-5), poison 2 5 8 (offsets 0-2)
+    pending = {f"{dlq}/0/0", f"{dlq}/0/3", f"{dlq}/0/4", f"{poison}/0/0", f"{poison}/0/2"}
+    marks, ends = redrive_marks(bs, topic), end_offsets(bs, topic)
+    positions = end_offsets(bs, DEFAULT_POSITIONS_TOPIC)
+
+    assert dry_run(capsys, bs, topic) == pending
+    assert dry_run(capsys, bs, topic, "--error-class", "Bad") == set()
+    partial = dry_run(capsys, bs, topic, "--partition", "0", "--offset-from", "12",
+                      "--offset-to", "14")
+    assert partial == {f"{dlq}/0/3", f"{poison}/0/0"}  # ids 4 (offset 14) and 2 (12)
+    assert redrive_marks(bs, topic) == marks, "a dry run moved the redrive marks"
+    assert end_offsets(bs, topic) == ends, "a dry run wrote to the source topic"
+    assert end_offsets(bs, DEFAULT_POSITIONS_TOPIC) == positions, "a dry run wrote positions"
+
+    def redrive(*flt: str, before: int) -> set[str]:
+        """Redrive for real: the ids of the records it wrote back."""
+        code, out, err = run(capsys, "redrive", "--bootstrap", bs, "--topic", topic, *flt)
+        assert code == 0, err
+        got = read_topic(bs, topic, 2, before)
+        assert out.splitlines()[-1].startswith(f"redrove {len(got) - len(written)} dead")
+        new = [m for m in got if m.value() not in {w.value() for w in written}]
+        written.extend(new)
+        return {dict(m.headers())["htmqc-redrive-of"].decode() for m in new}
+
+    assert redrive("--partition", "0", "--offset-from", "12", "--offset-to", "14",
+                   before=6) == partial
+    rest = dry_run(capsys, bs, topic)
+    assert rest == pending - partial
+    assert redrive(before=9) == rest
+    assert dry_run(capsys, bs, topic) == set()
+
+
+def test_redrive_dry_run_fails_as_the_redrive_does_when_a_partition_is_gone(
+    broker: Broker, new_topic: Any, capsys: Any
+) -> None:
+    """A dead letter from partition 3 of a topic that now has 2: the redrive cannot
+    write it back, so the dry run does not list it as redrivable: both fail in one
+    line naming the partition, and neither writes anything."""
+    topic = dead_letter_topic(broker, new_topic, count=2)
+    alo = AtLeastOnce(None, lambda: Producer(producer_config(broker.bootstrap)))
+    alo.dead_letter(topic, Msg(topic, 3, 40, b"k", b"v", None), info())
+    alo.close()
+    bs, ends = broker.bootstrap, end_offsets(broker.bootstrap, topic)
+    for extra in (["--dry-run"], []):
+        code, out, err = run(capsys, "redrive", "--bootstrap", bs, "--topic", topic, *extra)
+        assert code == 1 and f"cannot redrive to {topic}/3: no such partition" in err, out + err
+        assert len(err.strip().splitlines()) == 1, err
+    assert dry_run(capsys, bs, topic, "--partition", "1") == {f"{topic}.dlq/0/1"}
+    assert end_offsets(bs, topic) == ends
 
 
 class Crash(BaseException):

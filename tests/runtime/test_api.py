@@ -28,12 +28,14 @@ BASE = {"bootstrap": "127.0.0.1:1", "topic": "t", "group": "g"}
 def test_import_htmqc_stays_light_and_exports_the_api() -> None:
     loaded = subprocess.run(
         [sys.executable, "-c", "import sys, htmqc; print('confluent_kafka' in sys.modules, "
-         "'htmqc.runtime' in sys.modules); htmqc.Consumer; print('htmqc.runtime' in sys.modules)"],
+         "'htmqc.runtime' in sys.modules); htmqc.SqlTx, htmqc.KafkaTx, htmqc.Message; "
+         "print('confluent_kafka' in sys.modules, 'htmqc.runtime' in sys.modules); "
+         "htmqc.Consumer; print('htmqc.runtime' in sys.modules)"],
         capture_output=True, text=True, check=True,
     ).stdout.split()
-    assert loaded == ["False", "False", "True"]
+    assert loaded == ["False", "False", "False", "False", "True"]
     assert htmqc.Consumer is Consumer
-    assert "Consumer" in htmqc.__all__ and "Message" in htmqc.__all__
+    assert {"Consumer", "Message", "SqlTx", "KafkaTx"} <= set(htmqc.__all__)
     with pytest.raises(AttributeError):
         _ = htmqc.Nope  # type: ignore[attr-defined]
 
@@ -77,6 +79,44 @@ def test_bad_options_fail_when_built(kwargs: dict[str, Any], error: str) -> None
         Consumer(**kwargs)
 
 
+NO_TOPIC = {"bootstrap": "127.0.0.1:1", "group": "g"}
+
+
+def test_topics_take_a_list_as_topic_does() -> None:
+    """``topics=[...]`` (or ``topic=[...]``) is ``--topic a,b``; a string is taken as
+    ``--topic`` takes it; per-topic handlers register against the listed names."""
+    assert Consumer(**NO_TOPIC, topics=["orders", "refunds"]).options.topic == "orders,refunds"
+    assert Consumer(**NO_TOPIC, topic=["orders", "refunds"]).options.topic == "orders,refunds"
+    assert Consumer(**NO_TOPIC, topics=("orders",)).options.topic == "orders"
+    assert Consumer(**NO_TOPIC, topics="orders,refunds").options.topic == "orders,refunds"
+    assert Consumer(**NO_TOPIC, topics=[r"^orders\..*"]).options.topic == r"^orders\..*"
+    consumer = Consumer(**NO_TOPIC, topics=["orders", "refunds"])
+    consumer.handler(lambda msg: None, topic="refunds")
+    with pytest.raises(UsageError, match="is not one this consumer reads"):
+        consumer.handler(lambda msg: None, topic="other")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"topics": []}, "topics= is an empty list"),
+        ({"topic": ()}, "topic= is an empty list"),
+        ({"topics": ["orders", 3]}, "topics= lists 3, a int, not a topic name"),
+        ({"topic": ["orders", None]}, "topic= lists None, a NoneType, not a topic name"),
+        ({"topics": ["orders", " "]}, "topics= lists an empty topic name"),
+        ({"topics": ["orders,refunds"]}, "topics= lists 'orders,refunds', which holds a comma"),
+        ({"topics": {"orders"}}, "topics= must be a topic name or a list of them, got a set"),
+        ({"topics": ["orders", "orders"]}, "--topic names 'orders' twice"),
+        ({"topics": ["orders", "^r.*"]}, "mixes a pattern with other entries"),
+        ({"topic": "orders", "topics": ["refunds"]}, "both topic= and topics= given"),
+    ],
+)
+def test_a_bad_topic_list_is_one_line_when_built(kwargs: dict[str, Any], error: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        Consumer(**NO_TOPIC, **kwargs)
+    assert error in caught.value.line() and "\n" not in caught.value.line()
+
+
 def test_handlers_are_checked_when_registered() -> None:
     consumer = Consumer(**BASE, mode="exactly-once", sink="sqlite:///x.db")
     with pytest.raises(UsageError):
@@ -113,6 +153,19 @@ def test_run_blocks_until_max_messages_and_commits(broker: Broker, new_topic: An
     assert group_committed(broker.bootstrap, group, topic, 2) == 300
     with pytest.raises(UsageError, match="ran already"):
         consumer.run()
+
+
+@pytest.mark.broker
+def test_a_topics_list_reads_every_listed_topic(broker: Broker, new_topic: Any) -> None:
+    first, second = new_topic(partitions=1), new_topic(partitions=2)
+    produce(broker.bootstrap, first, 20, keys=5)
+    produce(broker.bootstrap, second, 30, keys=5)
+    seen: list[str | None] = []
+    consumer = Consumer(lambda msg: seen.append(msg.topic()), bootstrap=broker.bootstrap,
+                        topics=[first, second], group=f"api-{uuid.uuid4().hex[:6]}",
+                        max_messages=50)  # fmt: skip
+    assert consumer.run() == 50
+    assert sorted(seen) == sorted([first] * 20 + [second] * 30)
 
 
 @pytest.mark.broker

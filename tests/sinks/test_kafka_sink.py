@@ -12,6 +12,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka import TopicPartition as KafkaTopicPartition
 from confluent_kafka.admin import AdminClient
 
+from htmqc import KafkaTx
 from htmqc.broker import Broker
 from htmqc.core import Commit, TopicPartition
 from htmqc.errors import RuntimeFailure
@@ -72,6 +73,7 @@ def test_output_visible_to_read_committed_only_after_commit(setup: Setup) -> Non
     pos = sink.claim([setup.tp], default_start=lambda tp: 0)[setup.tp]
     assert pos == Position(0, (), pos.fence)
     txn = sink.begin()
+    assert isinstance(txn.handle, KafkaTx)  # what a handler gets: htmqc.KafkaTx
     for i in range(3):
         with txn.message():
             txn.handle.send(None, b"out%d" % i, key=b"k")

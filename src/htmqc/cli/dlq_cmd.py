@@ -50,7 +50,8 @@ Inspect and replay dead letters.
 redrive writes each selected entry back to its original topic and partition
 (same key, value, headers, plus htmqc-redrive-of=ID) and marks it, so a second
 redrive writes nothing; redrive --dry-run lists the entries it would write (the
-selection's, not redriven yet) and writes nothing. Kafka DLQs are redriven
+selection's, not redriven yet) and writes nothing (for a Kafka DLQ it fails, as the
+redrive would, if an entry's partition no longer exists). Kafka DLQs are redriven
 exactly once (one transaction for the records and the marks); the README's
 "Dead-letter queues" section says what the SQL crash window is and what a
 redrive does to per-key order."""
@@ -278,9 +279,12 @@ def run_redrive(args: argparse.Namespace) -> int:
                 "(it takes the first entries of all partitions as they arrive)",
                 "leave out --limit, or narrow with --partition/--offset-from/--offset-to",
             )
-        # The entries redrive would write: the selection's, not redriven yet.
+        # The entries redrive would write: the selection's, not redriven yet; for a
+        # Kafka DLQ, failing as the redrive would if one's partition is gone.
         try:
             entries = list(source.entries(replace(selection, pending=True)))
+            if isinstance(source, KafkaDlq):
+                source.check_targets(entries)
         finally:
             _close(source)
         print_table(entries, rich_output=sys.stdout.isatty())

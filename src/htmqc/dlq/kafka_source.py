@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -418,6 +418,20 @@ class KafkaDlq:
                 continue
             total += max(0, high - start)
         return total
+
+    def check_targets(self, entries: Iterable[StoredDeadLetter]) -> None:
+        """:meth:`check_target` for each original partition of ``entries``, as a
+        redrive of them does before writing each: a dry run fails as the redrive
+        would, instead of listing entries the redrive cannot write.
+
+        :raises RuntimeFailure: an entry's topic has no such partition (any more).
+        """
+        consumer = self._consumer()
+        try:
+            for topic, partition in sorted({(e.topic, e.partition) for e in entries}):
+                self.check_target(consumer, topic, partition)
+        finally:
+            consumer.close()
 
     def check_target(self, consumer: Consumer, topic: str, partition: int) -> None:
         """:raises RuntimeFailure: ``topic`` has no partition ``partition``."""

@@ -17,6 +17,7 @@ pattern: the group may assign them to this member, which leaves them unread
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from htmqc.dlq.record import dlq_topic, poison_topic
@@ -103,3 +104,38 @@ class Subscription:
 
     def __str__(self) -> str:
         return ",".join(self.topics)
+
+
+def join_topics(names: str | Sequence[str], option: str = "topics") -> str:
+    """``--topic``'s text for the library API's ``topics=[...]`` (or ``topic=[...]``):
+    the names joined with commas; a string is taken as it is (``"orders,refunds"``).
+    What the text then means (a name twice, a pattern beside names) is
+    :meth:`Subscription.parse`'s to check.
+
+    :raises UsageError: ``names`` is not a string, list or tuple; it is empty; an
+        element is not a string, is blank, or holds a comma (Kafka topic names
+        cannot, and the list would silently read other topics).
+    """
+    if isinstance(names, str):
+        return names
+    if not isinstance(names, (list, tuple)):
+        raise UsageError(
+            f"{option}= must be a topic name or a list of them, got a {type(names).__name__}",
+            f'pass e.g. {option}=["orders", "refunds"]',
+        )
+    if not names:
+        raise UsageError(f"{option}= is an empty list", "name at least one topic")
+    for name in names:
+        if not isinstance(name, str):
+            raise UsageError(
+                f"{option}= lists {name!r}, a {type(name).__name__}, not a topic name",
+                "list topic names as strings",
+            )
+        if not name.strip():
+            raise UsageError(f"{option}= lists an empty topic name", "drop it from the list")
+        if "," in name:
+            raise UsageError(
+                f"{option}= lists {name!r}, which holds a comma",
+                "list each topic as its own element (a pattern cannot hold a comma)",
+            )
+    return ",".join(name.strip() for name in names)
