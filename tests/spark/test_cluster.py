@@ -132,3 +132,44 @@ def test_stream_into_the_sql_sink_on_two_workers_with_an_executor_killed(
     report = audit(produced, effects, aborted=[f"{i:012d}" for i in range(2000, 2200)])
     assert report.ok, report.summary()
     assert len(effects) == 4000
+
+
+@pytest.mark.brokers("kafka")
+def test_a_staging_task_retried_after_its_rows_committed_adds_nothing_twice(
+    cluster_spark: Any,
+    broker: Any,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A task of the SQL sink's staging job commits its rows, then fails; the
+    cluster (4 attempts per task) runs it again: the retry replaces that
+    task's staging rows, so each row is stored once."""
+    from htmqc.spark import sinks
+    from tests.spark.failing_writer import FailingOnce, failed_marks
+
+    for mark in failed_marks():
+        mark.unlink()
+    monkeypatch.setattr(sinks, "_StageWriter", FailingOnce)
+    topic = new_topic(partitions=4)
+    produce(broker.bootstrap, topic, 3000, keys=8, transactional=True)
+    table = f"retried_{uuid.uuid4().hex[:8]}"
+    sink = SqlBatchSink(postgres_url(), table, table)
+    options = {"kafka.isolation.level": "read_committed", "maxOffsetsPerTrigger": "1000"}
+    rows = reader(cluster_spark, broker.bootstrap, topic, "htmqc-kafka", **options)
+    query = (
+        rows.selectExpr(*ID_COLUMNS).writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )  # fmt: skip
+    try:
+        query.awaitTermination(300)
+    finally:
+        query.stop()
+    assert query.exception() is None
+    assert len(failed_marks()) >= 3, "no staging task failed after committing"
+    effects = list(effects_from_source(f"{postgres_url()}?table={table}"))
+    report = audit([Produced(f"{i:012d}") for i in range(3000)], effects)
+    assert report.ok, report.summary()
+    assert len(effects) == 3000
