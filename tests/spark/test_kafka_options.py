@@ -90,3 +90,56 @@ def test_bad_options_are_one_line_naming_them(
     assert named in line
     assert "\n" not in line
     assert caught.value.fix
+
+
+class _Reading:
+    """Records what a ``spark.read``/``readStream`` chain was asked for."""
+
+    def __init__(self, kind: str, log: list[tuple[str, str, dict[str, str]]]) -> None:
+        self.kind, self.log = kind, log
+        self.fmt, self.opts = "", {}
+
+    def format(self, name: str) -> _Reading:
+        self.fmt = name
+        return self
+
+    def options(self, **opts: str) -> _Reading:
+        self.opts = opts
+        return self
+
+    def load(self) -> str:
+        self.log.append((self.kind, self.fmt, self.opts))
+        return f"{self.kind} frame"
+
+
+class _Session:
+    def __init__(self) -> None:
+        self.log: list[tuple[str, str, dict[str, str]]] = []
+
+    @property
+    def read(self) -> _Reading:
+        return _Reading("read", self.log)
+
+    @property
+    def readStream(self) -> _Reading:
+        return _Reading("readStream", self.log)
+
+
+def test_an_option_of_the_other_read_kind_fails_where_the_frame_is_defined() -> None:
+    """``load()`` cannot tell a stream from a batch read; ``stream_kafka`` and
+    ``read_kafka`` can, so a misplaced option fails there, before Spark plans."""
+    pytest.importorskip("pyspark")
+    from htmqc.spark.kafka_source import read_kafka, stream_kafka
+
+    spark = _Session()
+    with pytest.raises(UsageError, match=r"(?i)endingOffsets applies to batch"):
+        stream_kafka(spark, **BASE, endingOffsets="latest")
+    with pytest.raises(UsageError, match=r"(?i)maxOffsetsPerTrigger applies to stream"):
+        read_kafka(spark, **BASE, maxOffsetsPerTrigger="10")
+    assert spark.log == []  # nothing reached Spark
+    assert stream_kafka(spark, **BASE, maxOffsetsPerTrigger="10") == "readStream frame"
+    assert read_kafka(spark, **BASE, endingOffsets="latest") == "read frame"
+    assert spark.log == [
+        ("readStream", "htmqc-kafka", {**BASE, "maxOffsetsPerTrigger": "10"}),
+        ("read", "htmqc-kafka", {**BASE, "endingOffsets": "latest"}),
+    ]

@@ -88,6 +88,28 @@ def register(spark: Any) -> None:
     spark.dataSource.register(HtmqcKafkaSource)
 
 
+def stream_kafka(spark: Any, **options: str) -> Any:
+    """``spark.readStream.format("htmqc-kafka")`` with ``options``, checked for a
+    stream here, in the caller's process, before anything is planned: an option
+    of a batch read (``endingOffsets``) fails now with one line, not when the
+    query runs (a data source's ``load()`` is not told which kind of read follows).
+
+    :raises UsageError: a missing, unknown, misplaced or malformed option.
+    """
+    parse_options(options, batch=False)
+    return spark.readStream.format(NAME).options(**options).load()
+
+
+def read_kafka(spark: Any, **options: str) -> Any:
+    """``spark.read.format("htmqc-kafka")`` with ``options``, checked for a batch
+    read first (:func:`stream_kafka`'s twin: ``maxOffsetsPerTrigger`` fails now).
+
+    :raises UsageError: a missing, unknown, misplaced or malformed option.
+    """
+    parse_options(options, batch=True)
+    return spark.read.format(NAME).options(**options).load()
+
+
 class HtmqcKafkaSource(DataSource):
     """The data source; options are checked here, so a bad one fails ``load()``."""
 
