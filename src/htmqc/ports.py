@@ -265,6 +265,14 @@ class Sink(Protocol):
     #: never read back.
     commits_group_offsets: bool
 
+    @property
+    def metadata_max_bytes(self) -> int | None:
+        """The longest commit metadata its transactions may send, in bytes (the
+        Kafka sink: the broker's ``offset.metadata.max.bytes``,
+        ``--commit-metadata-bytes``); ``None`` for a sink whose transactions send
+        none (SQL)."""
+        ...
+
     def open(self, group: str) -> None:
         """Connect and create the sink's tables if missing (idempotent)."""
         ...

@@ -44,3 +44,26 @@ def test_the_limit_is_the_option() -> None:
     above = tuple(range(101, 400, 2))
     text = alo.metadata(Commit(tp=TP, epoch=1, offset=100, finished_above=above))
     assert 97 <= len(text) <= 100
+
+
+def test_the_intakes_budget_is_the_option_capped_by_the_kafka_sinks_limit() -> None:
+    """Exactly-once Kafka->Kafka: the sink refuses a commit whose metadata is over
+    its ``metadata_max_bytes``, so the intake's budget must never exceed it; a
+    sink that writes no Kafka metadata (SQL) gets no budget; at-least-once gets
+    the option, thinned past half of it."""
+    from types import SimpleNamespace
+
+    from htmqc.runtime.intake import metadata_budget
+
+    def engine(mode: str, sink: Any, source: str = "kafka") -> Any:
+        options = SimpleNamespace(commit_metadata_bytes=4096, mode=mode, source=source)
+        return SimpleNamespace(options=options, sink=sink)
+
+    kafka_sink = SimpleNamespace(writes_kafka=True, metadata_max_bytes=1000)
+    assert metadata_budget(engine("exactly-once", kafka_sink)) == (1000, None)
+    kafka_sink.metadata_max_bytes = 9000
+    assert metadata_budget(engine("exactly-once", kafka_sink)) == (4096, None)
+    sql_sink = SimpleNamespace(writes_kafka=False, metadata_max_bytes=None)
+    assert metadata_budget(engine("exactly-once", sql_sink)) is None
+    assert metadata_budget(engine("at-least-once", None)) == (4096, 2048)
+    assert metadata_budget(engine("at-least-once", None, source="nats")) is None

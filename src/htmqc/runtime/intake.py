@@ -83,7 +83,8 @@ def metadata_budget(engine: Engine) -> tuple[int, int | None] | None:
         if sink is None or not sink.writes_kafka:
             return None
         # the sink's own guard (KafkaSink.metadata_max_bytes) must never trip
-        return min(limit, int(getattr(sink, "metadata_max_bytes", limit))), None
+        cap = sink.metadata_max_bytes
+        return (limit if cap is None else min(limit, cap)), None
     return limit, limit // 2
 
 

@@ -106,6 +106,8 @@ class SqlSink(ABC):
     #: Positions live in the database; the group's offsets are only a copy for
     #: lag tools (``--kafka-lag-commits``), written by the runtime.
     commits_group_offsets = False
+    #: SQL transactions send no commit metadata (:class:`~htmqc.ports.Sink`).
+    metadata_max_bytes: int | None = None
     #: DB-API placeholder of the driver.
     param: str
     #: SQL expression for the current time, stored in ``updated_at``.
