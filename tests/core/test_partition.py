@@ -400,3 +400,12 @@ def test_the_api_takes_its_options_by_keyword() -> None:
     running(core, e, [0])
     decision = core.failed(TP, e, 0, FailureKind.RETRYABLE, 0.0, 0.5, held_for=None)
     assert isinstance(decision, DeadLetter)
+    # Keyword only: a slip of one position cannot pass a time as held_for.
+    with pytest.raises(TypeError):
+        core.failed(TP, e, 0, FailureKind.RETRYABLE, 0.0, 0.5, None)  # type: ignore[misc]
+    # ... and the rest may be named.
+    named = ConsumerCore(retry=RetryPolicy(max_retries=0))
+    e = named.assign(TP, 0)
+    running(named, e, [0])
+    assert named.failed(tp=TP, epoch=e, offset=0, failure=FailureKind.RETRYABLE,
+                        now=0.0, jitter=0.5) is not None  # fmt: skip
