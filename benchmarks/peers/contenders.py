@@ -2,7 +2,8 @@
 
 A :class:`Slot` names one measured configuration; ``count_cap`` bounds the
 messages a slow loop reads (the naive loop makes one broker round trip per
-message, so a million would take minutes).
+message, so a million would take minutes); ``baseline`` slots run an older
+htmqc (:data:`BASELINE_ENV`) beside this one.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ class Slot:
     mode: str
     label: str  # for tables and charts
     count_cap: int | None = None  # slow loops read fewer messages
+    baseline: bool = False  # htmqc imported from $HTMQC_PEERS_BASELINE (module docs)
 
 
 SLOTS: tuple[Slot, ...] = (
@@ -36,5 +38,16 @@ SLOTS: tuple[Slot, ...] = (
     Slot("htmqc_eo_ll", "htmqc_peer", "exactly-once+low-latency",
          "htmqc exactly-once into SQLite, --profile low-latency"),
     Slot("htmqc_kk", "htmqc_peer", "exactly-once-kafka", "htmqc exactly-once Kafka→Kafka"),
+    Slot("base_alo", "htmqc_peer", "at-least-once", "baseline htmqc at-least-once",
+         baseline=True),
+    Slot("base_eo", "htmqc_peer", "exactly-once", "baseline htmqc exactly-once into SQLite",
+         baseline=True),
+    Slot("base_kk", "htmqc_peer", "exactly-once-kafka",
+         "baseline htmqc exactly-once Kafka→Kafka", baseline=True),
 )
+#: The ``src`` folder of an exported older htmqc that the ``base_*`` slots import
+#: instead of this checkout's (``git archive COMMIT src | tar -x -C DIR``; then
+#: ``HTMQC_PEERS_BASELINE=DIR/src``): this tree's harness drives that tree's
+#: ``htmqc run``, so a change's cost is measured against its parent in one run.
+BASELINE_ENV = "HTMQC_PEERS_BASELINE"
 BY_KEY = {slot.key: slot for slot in SLOTS}

@@ -43,7 +43,7 @@ from typing import Any
 
 from benchmarks.brokers import BROKERS, describe, running, suffix
 from benchmarks.peers import kill
-from benchmarks.peers.contenders import BY_KEY, SLOTS, Slot
+from benchmarks.peers.contenders import BASELINE_ENV, BY_KEY, SLOTS, Slot
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = ROOT / "benchmarks" / "results"
@@ -72,6 +72,8 @@ def worker_command(slot: Slot, bootstrap: str, topic: str, count: int, group: st
     argv = [sys.executable, "-m", "benchmarks.peers.worker", slot.module, "--mode", slot.mode,
             "--bootstrap", bootstrap, "--topic", topic, "--count", str(count),
             "--group", group, "--out", str(out), "--timeout", str(timeout)]
+    if slot.baseline:
+        argv += ["--htmqc-src", baseline_src()]
     if latency:
         argv.append("--latency")
     for flag, value in (("--store", store), ("--kill-at", kill_at), ("--journal", journal),
@@ -79,6 +81,20 @@ def worker_command(slot: Slot, bootstrap: str, topic: str, count: int, group: st
         if value is not None:
             argv += [flag, str(value)]
     return argv
+
+
+def baseline_src() -> str:
+    """The older htmqc's ``src`` the ``base_*`` slots import (:data:`BASELINE_ENV`).
+
+    :raises SystemExit: it is not set or holds no ``htmqc`` package (one line).
+    """
+    src = os.environ.get(BASELINE_ENV, "")
+    if not (Path(src) / "htmqc" / "__init__.py").is_file():
+        raise SystemExit(
+            f"peers: the base_* slots need {BASELINE_ENV}=DIR/src of an exported htmqc "
+            f"(git archive COMMIT src | tar -x -C DIR); got {src!r}"
+        )
+    return src
 
 
 def _env() -> dict[str, str]:

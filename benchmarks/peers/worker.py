@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.peers.worker CONTENDER --mode M --bootstrap B --topic T
 --count N --group G --out FILE [--latency] [--store DB] [--kill-at K]
-[--journal FILE] [--out-topic T] [--idle-exit S] [--timeout S]``
+[--journal FILE] [--out-topic T] [--idle-exit S] [--timeout S] [--htmqc-src DIR]``
 
 The runner starts one worker process per contender run, so peak RSS and CPU
 are the contender's own. CONTENDER is a module name in this package
@@ -45,7 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-topic", default=None)
     parser.add_argument("--idle-exit", type=float, default=None)
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--htmqc-src", default=None,
+                        help="import htmqc from this src folder (the baseline slots)")
     args = parser.parse_args(argv)
+    if args.htmqc_src:
+        sys.path.insert(0, args.htmqc_src)  # before anything imports htmqc
     module = importlib.import_module(f"benchmarks.peers.{args.contender}")
     result = module.run(
         args.bootstrap, args.topic, args.count, group=args.group, mode=args.mode,
