@@ -610,7 +610,8 @@ class Engine:
         if self.broker_down is not None:
             return False, "the broker is unreachable"
         if self.ownership.sink_down:
-            return False, "the sink is unreachable; reconnecting"
+            what = "the sink" if self.sink is None else f"the {self.sink.name} sink"
+            return False, f"{what} is unreachable; reconnecting"
         if not self.breaker.closed:
             return False, f"the circuit breaker is {self.breaker.state.value}"
         return True, ""
