@@ -32,7 +32,7 @@ markers are registered here (:data:`MARKERS`), as pyproject.toml's
 Tiers: a test that needs a broker (or Java), Spark or a subprocess service is
 marked ``slow`` here (:func:`_slow`) or by hand; ``-m "not slow and not formal"``
 is the fast tier (``make test-fast``). A fast-tier test starts no process: while
-one runs, every way of starting a process (``subprocess``, ``os.system``,
+one is set up and runs, every way of starting a process (``subprocess``, ``os.system``,
 ``os.posix_spawn``, the forks) raises :class:`ProcessInFastTier` and the test
 fails, even if it caught the error; a test that needs a child interpreter, a
 command-line tool or a browser is marked ``@pytest.mark.slow`` by hand. The guard
@@ -199,7 +199,7 @@ class ProcessInFastTier(RuntimeError):
     """A fast-tier test (or its fixtures) tried to start a process."""
 
 
-#: The fast-tier test now in setup, call or teardown (None: a slow test, or between tests).
+#: The fast-tier test now in setup or call (None: a slow test, a teardown, between tests).
 _guarded: pytest.Item | None = None
 #: What the guarded test tried to start, said in its report.
 _attempts: list[str] = []
@@ -259,7 +259,7 @@ os.forkpty = _refusing("os.forkpty", os.forkpty, _nothing)
 def pytest_runtest_protocol(
     item: pytest.Item, nextitem: pytest.Item | None
 ) -> Generator[None, object, object]:
-    """Guard a fast-tier test, its fixtures included, against starting processes."""
+    """Guard a fast-tier test, its fixtures' setup included, against starting processes."""
     global _guarded
     _guarded = item if _fast(item) else None
     _attempts.clear()
@@ -267,6 +267,15 @@ def pytest_runtest_protocol(
         return (yield)
     finally:
         _guarded = None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Teardown is not guarded: it also finalizes the module's and the session's
+    fixtures that slow tests set up (a broker, Chromium) after the last test using
+    them, which may be a fast one."""
+    global _guarded
+    _guarded = None
 
 
 @pytest.hookimpl(wrapper=True)
