@@ -48,7 +48,9 @@ pytest: setup ## the pytest suite, less the formal checks (those run in `verify`
 	$(PY) -m pytest -q $(XDIST) -m "not formal and not serial" --durations=25
 	$(PY) -m pytest -q -m "serial and not formal" --durations=10
 
-test-fast: setup ## the fast tier for your own loop: no broker, no subprocess service, no Spark, no formal checks (~1 min)
+# The fast tier starts no process at all: tests/conftest.py fails a test not marked
+# `slow` that starts one (a subprocess, a browser, a fork).
+test-fast: setup ## the fast tier for your own loop: no broker, no subprocess, no browser, no Spark, no formal checks (~2.5 min)
 	$(PY) -m pytest -q $(XDIST) -m "not slow and not formal" --durations=25
 
 test-kafka: setup ## every broker test on Apache Kafka too (the long tier), Kafka instances only

@@ -28,15 +28,28 @@ fixture runs on Kafka under both consumer-group protocols (``[kafka]`` classic,
 ``kafka``: ``-m "not kafka"`` runs without Java, ``-m kafka`` only on Kafka. The
 markers are registered here (:data:`MARKERS`), as pyproject.toml's
 ``--strict-markers`` wants.
+
+Tiers: a test that needs a broker (or Java), Spark or a subprocess service is
+marked ``slow`` here (:func:`_slow`) or by hand; ``-m "not slow and not formal"``
+is the fast tier (``make test-fast``). A fast-tier test starts no process: while
+one is set up and runs, every way of starting a process (``subprocess``, ``os.system``,
+``os.posix_spawn``, the forks) raises :class:`ProcessInFastTier` and the test
+fails, even if it caught the error; a test that needs a child interpreter, a
+command-line tool or a browser is marked ``@pytest.mark.slow`` by hand. The guard
+is the same in every run, so ``make test`` runs the same tests and catches a
+misfiled one too.
 """
 
 from __future__ import annotations
 
+import _posixsubprocess
 import os
 import re
+import subprocess
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -153,7 +166,8 @@ _SLOW_FILES = ("broker/", "security/test_tls.py", "observe/test_ops.py")
 
 def _slow(item: pytest.Item) -> bool:
     """Whether ``item`` belongs to the slow tier: it needs a broker (or Java), runs
-    Spark or another subprocess service, or is marked ``slow`` by hand."""
+    Spark or another subprocess service, or is marked ``slow`` by hand (as every
+    test that starts a process must be: :class:`ProcessInFastTier`)."""
     if item.get_closest_marker("slow") is not None or item.get_closest_marker("kafka"):
         return True
     if _BROKER_FIXTURES & set(getattr(item, "fixturenames", ())):
@@ -174,6 +188,111 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("kafka_full") is not None:
             item.add_marker(skip)
+
+
+def _fast(item: pytest.Item) -> bool:
+    """Whether ``item`` is in the fast tier (``-m "not slow and not formal"``)."""
+    return item.get_closest_marker("slow") is None and item.get_closest_marker("formal") is None
+
+
+class ProcessInFastTier(RuntimeError):
+    """A fast-tier test (or its fixtures) tried to start a process."""
+
+
+#: The fast-tier test now in setup or call (None: a slow test, a teardown, between tests).
+_guarded: pytest.Item | None = None
+#: What the guarded test tried to start, said in its report.
+_attempts: list[str] = []
+
+
+def _refusing(
+    name: str, real: Callable[..., Any], argv: Callable[..., object]
+) -> Callable[..., Any]:
+    """``real``, refusing while a fast-tier test runs (``argv`` picks what to name)."""
+
+    def start(*args: Any, **kwargs: Any) -> Any:
+        if _guarded is None:
+            return real(*args, **kwargs)
+        try:
+            what = f"{name}({argv(*args, **kwargs)!r})"
+        except Exception:  # naming it must not hide the refusal
+            what = f"{name}(...)"
+        _attempts.append(what)
+        raise ProcessInFastTier(
+            f"{what}: a fast-tier test starts no process (no broker, no subprocess, no "
+            f"browser); mark it `slow` (tests/conftest.py: _SLOW_FILES or @pytest.mark.slow)"
+        )
+
+    return start
+
+
+def _first(*args: Any, **_: Any) -> object:
+    return args[0] if args else None
+
+
+def _second(*args: Any, **_: Any) -> object:
+    return args[1] if len(args) > 1 else None
+
+
+def _nothing(*_: Any, **__: Any) -> object:
+    return None
+
+
+# Every way a test could start a process: subprocess.Popen (and so asyncio's
+# subprocesses) goes through subprocess._fork_exec (_posixsubprocess.fork_exec,
+# which multiprocessing's spawn calls) or os.posix_spawn; the rest is os.system and
+# the forks. Installed once; they act only while a fast-tier test runs
+# (:func:`pytest_runtest_protocol`), so `make test` runs the same tests, and a test
+# marked slow starts what it likes.
+_posixsubprocess.fork_exec = _refusing("fork_exec", _posixsubprocess.fork_exec, _first)
+subprocess._fork_exec = _refusing(  # type: ignore[attr-defined]  # Popen's own reference
+    "subprocess", subprocess._fork_exec, _first  # type: ignore[attr-defined]
+)
+os.posix_spawn = _refusing("posix_spawn", os.posix_spawn, _second)
+os.posix_spawnp = _refusing("posix_spawnp", os.posix_spawnp, _second)
+os.system = _refusing("os.system", os.system, _first)
+os.fork = _refusing("os.fork", os.fork, _nothing)
+os.forkpty = _refusing("os.forkpty", os.forkpty, _nothing)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(
+    item: pytest.Item, nextitem: pytest.Item | None
+) -> Generator[None, object, object]:
+    """Guard a fast-tier test, its fixtures' setup included, against starting processes."""
+    global _guarded
+    _guarded = item if _fast(item) else None
+    _attempts.clear()
+    try:
+        return (yield)
+    finally:
+        _guarded = None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Teardown is not guarded: it also finalizes the module's and the session's
+    fixtures that slow tests set up (a broker, Chromium) after the last test using
+    them, which may be a fast one."""
+    global _guarded
+    _guarded = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A fast-tier test that tried to start a process fails, even if it caught the
+    :class:`ProcessInFastTier` (or skipped on it)."""
+    report = yield
+    if _attempts and item is _guarded and not report.failed:
+        report.outcome = "failed"
+        report.longrepr = (
+            f"a fast-tier test tried to start a process ({', '.join(_attempts)}): "
+            "mark it `slow`"
+        )
+    _attempts.clear()
+    return report
 
 
 @pytest.fixture

@@ -11,6 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # each test collects in a child pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = [
     "tests/runtime/test_modes_broker.py",

@@ -94,6 +94,7 @@ def test_meter_stores_one_effect_row_per_call(tmp_path: Path) -> None:
         ("4", "k1", 2, 14), ("5", "k1", 2, 15), ("4", "k1", 2, 14)]
 
 
+@pytest.mark.slow  # a child process is killed
 def test_meter_kills_its_process_right_after_the_kill_at_th_call(tmp_path: Path) -> None:
     db = tmp_path / "store.db"
     code = (

@@ -36,6 +36,7 @@ def test_a_broken_transition_is_caught_by_the_contracts(monkeypatch: pytest.Monk
         t.apply(Event.SUCCEED, 0)
 
 
+@pytest.mark.slow  # fresh interpreters, contracts off and on
 def test_the_switch_turns_contracts_off_and_on() -> None:
     def run(value: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -110,6 +110,7 @@ def test_exposed_port_is_where_htmqc_run_serves() -> None:
     assert "/healthz" in command[2] and f"'{port}'" in command[2], command[2]
 
 
+@pytest.mark.slow  # runs the HEALTHCHECK command
 @pytest.mark.parametrize("alive", [True, False])
 def test_healthcheck_command_tells_live_from_stuck(alive: bool) -> None:
     """The HEALTHCHECK's own command, run against htmqc's real server: exit 0 when
@@ -165,6 +166,7 @@ def _run(
     return done
 
 
+@pytest.mark.slow  # pip wheel, pip install --target, the entry point
 def test_image_entry_point(tmp_path: Path) -> None:
     """The image's ENTRYPOINT answers ``--help`` and ``run --help`` and loads the
     example handler from its working directory: built by Docker when the base

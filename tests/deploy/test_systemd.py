@@ -169,6 +169,7 @@ def scratch_root(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.mark.slow  # runs systemd-analyze
 def test_systemd_analyze_verify(scratch_root: Path) -> None:
     """systemd's own parser loads the instance unit without a word of complaint."""
     done = subprocess.run(
@@ -178,6 +179,7 @@ def test_systemd_analyze_verify(scratch_root: Path) -> None:
     assert (done.returncode, done.stdout + done.stderr) == (0, ""), done.stdout + done.stderr
 
 
+@pytest.mark.slow  # runs systemd-analyze
 def test_systemd_analyze_security(scratch_root: Path) -> None:
     """systemd's exposure rating of the unit stays at most :data:`MAX_EXPOSURE`."""
     done = subprocess.run(

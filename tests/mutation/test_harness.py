@@ -165,6 +165,7 @@ def test_a_pytest_check_runs_only_the_test_files_that_reach_the_mutated_node() -
     assert base.narrowed(vectors, mutant(246, (246, 246))) == vectors  # not pytest
 
 
+@pytest.mark.slow  # runs pytest (under coverage) in a child
 def test_the_baseline_charges_lines_to_test_files(tmp_path: Path) -> None:
     """The contexts plugin under coverage: lines of one test file apart from another's
     and from import time."""
@@ -337,6 +338,7 @@ def test_pending_modules_are_skipped_only_while_absent(tmp_path: Path,
     assert not config.Command("c", (), "no_such_module_here").pending()  # not tolerated
 
 
+@pytest.mark.slow  # runs pytest (under coverage) in a child
 def test_checks_import_the_mutated_copy_even_under_pytest(tmp_path: Path) -> None:
     shadow = Shadow(tmp_path / "w")
     rel = "src/htmqc/core/lifecycle.py"
@@ -355,6 +357,7 @@ def test_checks_import_the_mutated_copy_even_under_pytest(tmp_path: Path) -> Non
     assert (ROOT / rel).read_text() == original
 
 
+@pytest.mark.slow  # runs pytest (under coverage) in a child
 def test_one_bug_is_caught_by_one_cheap_layer() -> None:
     bugs, layers = select(["commit-hands-out-next"], ["spec-tests"])
     data = run_catalogue(bugs, layers, timeout=300, workers=1)

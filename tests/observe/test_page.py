@@ -100,6 +100,7 @@ def render(url: str, tmp_path: Path) -> str:
     return done.stdout
 
 
+@pytest.mark.slow  # starts Chromium
 def test_page_bars_match_state_json(served: Served, tmp_path: Path) -> None:
     _, _, server = served
     dom = render(server.url + "/state", tmp_path)
@@ -108,6 +109,7 @@ def test_page_bars_match_state_json(served: Served, tmp_path: Path) -> None:
     assert_page_matches(dom, doc)
 
 
+@pytest.mark.slow  # starts Chromium
 def test_page_screenshot(served: Served, tmp_path: Path) -> None:
     _, _, server = served
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)

@@ -162,6 +162,7 @@ def order(browser: Chromium) -> list[str]:
     ))
 
 
+@pytest.mark.slow  # starts Chromium
 def test_bars_are_to_scale_with_an_axis(page: tuple[Chromium, FixedSource]) -> None:
     browser, _ = page
     rows = {r["name"]: r for r in browser.evaluate(MEASURE)}
@@ -249,6 +250,7 @@ def wait_order(browser: Chromium, want: list[str]) -> None:
         assert order(browser) == want
 
 
+@pytest.mark.slow  # starts Chromium
 def test_sorting_by_lag_reorders_rows(page: tuple[Chromium, FixedSource]) -> None:
     browser, source = page
     assert order(browser) == DEFAULT_ORDER
@@ -279,6 +281,7 @@ def health_and_breaker(browser: Chromium) -> dict[str, str]:
     })()"""))
 
 
+@pytest.mark.slow  # starts Chromium
 def test_health_and_breaker_are_shown(tmp_path: Path) -> None:
     source = FixedSource(document(OPEN_BREAKER))
     health = FixedHealth()
@@ -313,6 +316,7 @@ def test_health_and_breaker_are_shown(tmp_path: Path) -> None:
         server.stop()
 
 
+@pytest.mark.slow  # starts Chromium
 def test_without_health_or_breaker_the_page_says_not_reported(
     page: tuple[Chromium, FixedSource],
 ) -> None:

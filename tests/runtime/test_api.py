@@ -25,6 +25,7 @@ from tests.runtime.test_modes_broker import group_committed
 BASE = {"bootstrap": "127.0.0.1:1", "topic": "t", "group": "g"}
 
 
+@pytest.mark.slow  # imports htmqc in a fresh interpreter
 def test_import_htmqc_stays_light_and_exports_the_api() -> None:
     loaded = subprocess.run(
         [sys.executable, "-c", "import sys, htmqc; print('confluent_kafka' in sys.modules, "

@@ -314,6 +314,34 @@ def test_a_broker_that_is_down_is_said_once_and_shown_until_messages_come(
     assert engine.broker_down is None and extra
 
 
+def test_a_broker_down_said_by_error_cb_shows_until_the_errors_stop() -> None:
+    """With a real librdkafka the broker-down errors reach ``error_cb`` only
+    (``Engine.on_consumer_error``), once when all brokers go down and again at
+    each failed reconnect; ``/readyz`` says so until they have stopped for
+    ``BROKER_QUIET_SECONDS`` (an idle consumer gets no message to clear it)."""
+    from htmqc.runtime.intake import BROKER_QUIET_SECONDS
+
+    now = [100.0]
+    opts = RunOptions(bootstrap="fake:1", topic=TOPIC, group="g")
+    engine = Engine(lambda m: None, opts, FakeConsumer([]), seed=1, clock=lambda: now[0])
+    with engine.lock:
+        engine.ownership.any_assigned = True
+    # One connection closed (an idle one, one broker of several): not down.
+    engine.on_consumer_error(KafkaError(KafkaError._TRANSPORT, "Disconnected"))
+    assert engine.ready() == (True, "")
+    engine.on_consumer_error(KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"))
+    assert engine.ready() == (False, "the broker is unreachable")
+    for _ in range(3):  # still down: each failed reconnect says so again
+        now[0] += BROKER_QUIET_SECONDS - 1
+        engine.on_consumer_error(KafkaError(KafkaError._TRANSPORT, "Connection refused"))
+        engine.dispatch([])
+        assert engine.ready()[0] is False
+    assert engine.broker_down == 100.0
+    now[0] += BROKER_QUIET_SECONDS + 0.1  # reconnected: nothing failed since
+    engine.dispatch([])
+    assert engine.broker_down is None and engine.ready() == (True, "")
+
+
 def test_librdkafka_lines_repeat_at_most_once_per_period(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

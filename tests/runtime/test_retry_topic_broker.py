@@ -77,6 +77,7 @@ def test_retries_wait_in_the_retry_topic_and_the_partition_moves_on(
     assert headers["htmqc-dlq-retries"] == b"2"
 
 
+@pytest.mark.slow  # runs `htmqc run`
 def test_retry_topic_with_a_database_sink_is_refused(tmp_path: Path) -> None:
     proc = htmqc_run(
         "127.0.0.1:1", "t", "examples.effects:record", "--group", "g", "--mode",

@@ -228,6 +228,7 @@ def test_sink_url_password_never_leaves_an_exactly_once_run(
     assert_nowhere(texts, password)
 
 
+@pytest.mark.slow  # runs `htmqc run`
 @pytest.mark.parametrize(
     ("args", "env", "config"),
     [

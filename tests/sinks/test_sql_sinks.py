@@ -197,6 +197,7 @@ def test_racing_claims_and_commits_never_store_an_uncovered_effect(backend: Back
         b.close()
 
 
+@pytest.mark.slow  # a child process dies mid-transaction
 def test_crashed_process_leaves_nothing(backend: Backend) -> None:
     sink = backend.sink()
     sink.claim([TP], default_start=lambda tp: 0)

@@ -94,6 +94,8 @@ class Intake:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._log_error = ErrorLog(time.monotonic)
+        #: Clock reading of the last error saying the broker is unreachable.
+        self.broker_error_at = 0.0
         self.budget = metadata_budget(engine)
         #: Partitions held back by the metadata budget, and the tracker's
         #: ``(processed, live_count)`` when last looked at.
@@ -103,11 +105,27 @@ class Intake:
 
     def _error(self, err: Any) -> None:
         """A consumer error that is not fatal: rate-limited to the log; a broker
-        that is unreachable is remembered until the next message arrives."""
+        that is unreachable is remembered until the next message arrives, or
+        until no such error came for :data:`BROKER_QUIET_SECONDS`. librdkafka
+        hands these to ``error_cb`` (:meth:`Engine.on_consumer_error`), not
+        ``consume``, and repeats them at every failed reconnect."""
         e = self.engine
-        if err.code() in BROKER_DOWN and e.broker_down is None:
-            e.broker_down = e.clock.monotonic()
+        if err.code() in BROKER_DOWN:
+            self.broker_error_at = e.clock.monotonic()
+            if e.broker_down is None:
+                e.broker_down = self.broker_error_at
         self._log_error(err)
+
+    def error(self, err: Any) -> None:
+        """A consumer error from librdkafka's ``error_cb`` (inside ``consume``).
+        Only "all brokers are down" says the broker is gone: a lone transport
+        error (one broker of several, an idle connection closed) does not, but
+        while it is gone each failed reconnect says it again."""
+        e = self.engine
+        if err.code() == KafkaError._TRANSPORT and e.broker_down is None:
+            self._log_error(err)
+            return
+        self._error(err)
 
     def dispatch(self, msgs: list[Any], number: int) -> None:
         """Hand a consumed batch to the core and the workers; ``number``: the
@@ -116,6 +134,11 @@ class Intake:
         n = len(msgs)
         e.stats.received += n
         if not n:
+            if (
+                e.broker_down is not None
+                and e.clock.monotonic() - self.broker_error_at > BROKER_QUIET_SECONDS
+            ):
+                e.broker_down = None  # reconnected: librdkafka stopped failing
             return
         now = e.clock.monotonic()
         e.last_message = now
@@ -319,6 +342,10 @@ def drop_errors(
 
 #: Error codes that say the broker cannot be reached (``/readyz``, the state page).
 BROKER_DOWN = frozenset({KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN})
+#: The broker counts as reachable again once no error said otherwise for this
+#: long: more than librdkafka's longest reconnect backoff (``reconnect.backoff.max.ms``,
+#: 10 s), between whose failures a broker still down is said again.
+BROKER_QUIET_SECONDS = 15.0
 #: Seconds between two log lines for the same consumer error code.
 ERROR_LOG_EVERY = 30.0
 

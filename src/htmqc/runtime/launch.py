@@ -248,6 +248,13 @@ def _build_kafka_engine(
     if options.member_id and "group.instance.id" not in config:
         config["group.instance.id"] = options.member_id
     config["on_commit"] = lambda err, parts: engine[0].on_commit(err, parts)
+
+    def on_error(err: Any) -> None:
+        """Errors such as "all brokers down" reach ``error_cb`` only, never ``consume``."""
+        if engine:
+            engine[0].on_consumer_error(err)
+
+    config.setdefault("error_cb", on_error)
     config.setdefault("logger", librdkafka_logger())
     try:
         consumer = Consumer(config)

@@ -358,6 +358,11 @@ class Engine:
         """confluent-kafka's ``on_commit`` (set it in the consumer config)."""
         self.alo.on_commit(err, partitions)
 
+    def on_consumer_error(self, err: Any) -> None:
+        """confluent-kafka's ``error_cb`` (set it in the consumer config): a broker
+        that cannot be reached shows on ``/readyz`` and the state page."""
+        self.intake.error(err)
+
     def on_assign(self, consumer: Any, partitions: list[Any]) -> None:
         """Rebalance callback (:meth:`Ownership.on_assign`)."""
         self.ownership.on_assign(consumer, self._read(partitions))
@@ -610,7 +615,8 @@ class Engine:
         if self.broker_down is not None:
             return False, "the broker is unreachable"
         if self.ownership.sink_down:
-            return False, "the sink is unreachable; reconnecting"
+            what = "the sink" if self.sink is None else f"the {self.sink.name} sink"
+            return False, f"{what} is unreachable; reconnecting"
         if not self.breaker.closed:
             return False, f"the circuit breaker is {self.breaker.state.value}"
         return True, ""
