@@ -74,6 +74,7 @@ def test_the_kafka_sinks_output_is_a_kafka_tx() -> None:
     assert not isinstance(sqlite3.connect(":memory:").cursor(), KafkaTx)
 
 
+@pytest.mark.slow  # runs mypy in a subprocess
 def test_the_handles_and_the_examples_type_check_with_mypy_strict() -> None:
     """Statically too: ``sqlite3.Cursor``, ``psycopg.Cursor`` and ``Output`` are
     assignable to the protocols, and the examples' handlers annotated with them
