@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import htmqc
 from htmqc import KafkaTx, SqlTx
 from htmqc.sinks.kafka import Output
