@@ -327,8 +327,15 @@ def flush_repeats() -> None:
         limit.flush()
 
 
+#: Client libraries whose own log lines (pika and rstream log a lost connection as
+#: an ERROR with a traceback) repeat what htmqc reports itself in one line: shown at
+#: ``--log-level DEBUG``.
+CLIENT_LOGGERS = ("pika", "rstream")
+
+
 def setup(level: str = "INFO", fmt: str = "text", stream: IO[str] | None = None) -> None:
-    """Configure the root logger once for a command.
+    """Configure the root logger once for a command (and quiet
+    :data:`CLIENT_LOGGERS` below ``DEBUG``).
 
     :raises UsageError: unknown level or format.
     """
@@ -344,3 +351,6 @@ def setup(level: str = "INFO", fmt: str = "text", stream: IO[str] | None = None)
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(numeric)
+    for name in CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if numeric <= logging.DEBUG
+                                         else logging.CRITICAL)  # fmt: skip

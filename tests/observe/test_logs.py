@@ -53,3 +53,20 @@ def test_text_lines_say_where_and_hide_secrets() -> None:
 def test_bad_level_or_format(level: str, fmt: str) -> None:
     with pytest.raises(UsageError):
         setup(level, fmt, io.StringIO())
+
+
+@pytest.mark.parametrize("client", ["pika", "rstream"])
+def test_a_client_librarys_own_errors_show_only_at_debug(client: str) -> None:
+    """pika and rstream log a lost connection as an ERROR with a traceback;
+    htmqc says the same in one line, so theirs show only at DEBUG."""
+    out = io.StringIO()
+    try:
+        setup("INFO", stream=out)
+        logging.getLogger(f"{client}.connection").error("lost", exc_info=ValueError("x"))
+        assert out.getvalue() == ""
+        setup("DEBUG", stream=out)
+        logging.getLogger(f"{client}.connection").error("lost")
+        assert "lost" in out.getvalue()
+    finally:
+        logging.getLogger(client).setLevel(logging.NOTSET)
+        setup("WARNING")

@@ -35,7 +35,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
@@ -76,6 +76,9 @@ class RabbitServer:
     home: Path
     log: Path
     started_seconds: float
+    #: How the node was started (its binary and environment), for :meth:`restart`.
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -85,6 +88,22 @@ class RabbitServer:
     def running(self) -> bool:
         """Whether the node's start script is still alive."""
         return self.process.poll() is None
+
+    def restart(self, *, ready_seconds: float = READY_SECONDS) -> None:
+        """SIGKILL the node (a crash: nothing flushed, connections cut) and start it
+        again on the same ports and Mnesia directory, so streams, their offsets and
+        tracked offsets survive as they would a machine's crash; ``epmd`` keeps
+        running. Returns once the node is ready again.
+
+        :raises RuntimeFailure: the node did not come back in time.
+        """
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+        began = time.monotonic()
+        self.process = _spawn(self.argv, self.env, self.home)
+        _wait_ready(self, began + ready_seconds)
+        self.started_seconds = time.monotonic() - began
 
     def stop(self) -> None:
         """SIGTERM the node's process group (SIGKILL after :data:`STOP_GRACE`), kill
@@ -175,29 +194,40 @@ def start_rabbitmq(
     }
     epmd = _spawn([_epmd_binary(), "-port", str(epmd_port), "-address", "127.0.0.1"], env, home)
     proc = _spawn([exe], env, home)
-    server = RabbitServer(proc, epmd, stream, amqp, home, log, 0.0)
-    deadline = began + ready_seconds
+    server = RabbitServer(proc, epmd, stream, amqp, home, log, 0.0, [exe], env)
+    _wait_ready(server, began + ready_seconds)
+    server.started_seconds = time.monotonic() - began
+    return server
+
+
+def _wait_ready(server: RabbitServer, deadline: float) -> None:
+    """Wait until ``server``'s node logged its start and accepts stream
+    connections; stop it and raise :class:`RuntimeFailure` if it exits or
+    ``deadline`` (a monotonic time) passes first."""
+    size_at_start = server.log.stat().st_size if server.log.exists() else 0
     while time.monotonic() < deadline:
         if not server.running():
-            tail = _tail(log)
+            tail = _tail(server.log)
             server.stop()
             raise RuntimeFailure(
-                f"rabbitmq-server exited at start (code {proc.returncode}): {tail}",
-                f"run {exe} by hand with the same RABBITMQ_* variables to see why",
+                f"rabbitmq-server exited at start (code {server.process.returncode}): {tail}",
+                f"run {server.argv[0]} by hand with the same RABBITMQ_* variables to see why",
             )
-        if _started(log) and _accepts(stream):
-            server.started_seconds = time.monotonic() - began
-            return server
+        if _started(server.log, size_at_start) and _accepts(server.stream_port):
+            return
         time.sleep(0.1)
-    tail = _tail(log)
+    tail = _tail(server.log)
     server.stop()
     raise RuntimeFailure(
-        f"rabbitmq-server was not ready within {ready_seconds:g} s: {tail}",
+        f"rabbitmq-server was not ready in time: {tail}",
         "check the machine's load and the node's log",
     )
 
 
-def _started(log: Path) -> bool:
-    with contextlib.suppress(OSError):
-        return "Server startup complete" in log.read_text(errors="replace")
+def _started(log: Path, since: int = 0) -> bool:
+    """Whether the node logged its start after byte ``since`` of ``log`` (a
+    restarted node appends to the same log)."""
+    with contextlib.suppress(OSError), log.open("rb") as f:
+        f.seek(since)
+        return b"Server startup complete" in f.read()
     return False
