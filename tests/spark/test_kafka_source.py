@@ -18,7 +18,7 @@ from htmqc.audit import Effect, Produced, audit
 from htmqc.audit.load import effects_from_source
 from htmqc.produce import produce
 from tests.services import require_module
-from tests.spark.topics import ID_COLUMNS, reader, run_query, write_aborted
+from tests.spark.topics import ID_COLUMNS, reader, recreate_topic, run_query, write_aborted
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.spark]
 
@@ -152,15 +152,11 @@ def test_recreated_topic_is_data_loss(
 ) -> None:
     """Issue 21: a restart on the old checkpoint skipped ~300 records silently.
     Recreated with fewer partitions: the loss names the topic, not only partition 1."""
-    from confluent_kafka.admin import AdminClient
-
     topic = new_topic(partitions=2)
     produce(broker.bootstrap, topic, 600, keys=4)
     db = tmp_path / "out.db"
     run_query(spark, broker.bootstrap, topic, tmp_path / "ck", SqlBatchSink(db, "t", "q"))
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    admin.delete_topics([topic])[topic].result()
-    _recreate(admin, topic, 1)  # and fewer partitions than before
+    recreate_topic(broker.bootstrap, topic, 1)  # and fewer partitions than before
     produce(broker.bootstrap, topic, 900, keys=4, start_id=1000)
     sink = SqlBatchSink(db, "t", "q")
     with pytest.raises(StreamingQueryException, match=rf"data loss: {topic} recreated: topic id"):
@@ -197,21 +193,6 @@ def test_a_deleted_topic_is_data_loss(
     query = run_query(spark, broker.bootstrap, topic, tmp_path / "ck", sink, failOnDataLoss="false")
     assert query.exception() is None
     assert len(sqlite_ids(db)) == 200
-
-
-def _recreate(admin: Any, topic: str, partitions: int) -> None:
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import NewTopic
-
-    deadline = time.monotonic() + 30
-    while True:  # deletion is asynchronous: TOPIC_ALREADY_EXISTS until it is done
-        try:
-            admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result()
-            return
-        except KafkaException:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.3)
 
 
 @pytest.mark.brokers("kafka")

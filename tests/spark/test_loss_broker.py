@@ -13,7 +13,6 @@ planner and reader, called as Spark calls them):
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,11 +20,12 @@ import pytest
 
 from htmqc.produce import produce
 from tests.services import require_module
+from tests.spark.topics import recreate_topic
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
 require_module("pyspark")
-from confluent_kafka import KafkaException, TopicPartition  # noqa: E402
+from confluent_kafka import TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient  # noqa: E402
 from pyspark.sql.streaming.datasource import ReadAllAvailable  # noqa: E402
 
@@ -118,22 +118,11 @@ def test_a_query_that_fails_on_data_loss_keeps_no_notes(
 def test_a_partition_truncated_under_the_checkpoint_is_data_loss(
     broker: Any, new_topic: Callable[..., str]
 ) -> None:
-    from confluent_kafka.admin import NewTopic
-
     from htmqc.spark.kafka_offsets import DataLossError
 
     topic = new_topic(partitions=1)
     produce(broker.bootstrap, topic, 300, keys=2)
-    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-    admin.delete_topics([topic])[topic].result()
-    deadline = time.monotonic() + 30
-    while True:  # deletion is asynchronous: TOPIC_ALREADY_EXISTS until it is done
-        try:
-            admin.create_topics([NewTopic(topic, 1, 1)])[topic].result()
-            break
-        except KafkaException:
-            assert time.monotonic() < deadline, f"{topic} not recreated in 30 s"
-            time.sleep(0.3)
+    recreate_topic(broker.bootstrap, topic, 1)
     produce(broker.bootstrap, topic, 100, keys=2)
     # The first htmqc-kafka's checkpoint shape: offsets only, no topic ids.
     checkpoint = {f"{topic}/0": 300}

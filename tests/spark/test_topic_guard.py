@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import pytest
 from htmqc.audit.load import effects_from_source
 from htmqc.produce import produce
 from tests.services import require_module
-from tests.spark.topics import run_query
+from tests.spark.topics import recreate_topic, run_query
 
 pytestmark = [pytest.mark.slow, pytest.mark.broker, pytest.mark.spark]
 
@@ -39,22 +38,6 @@ def ids(db: Path, table: str) -> list[str]:
     return [e.id for e in effects_from_source(f"sqlite:///{db}?table={table}")]
 
 
-def recreate(bootstrap: str, topic: str, partitions: int) -> None:
-    from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.delete_topics([topic])[topic].result()
-    deadline = time.monotonic() + 30
-    while True:  # deletion is asynchronous: TOPIC_ALREADY_EXISTS until it is done
-        try:
-            admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result()
-            return
-        except KafkaException:
-            assert time.monotonic() < deadline, f"{topic} not recreated in 30 s"
-            time.sleep(0.3)
-
-
 @pytest.mark.brokers("kafka")
 def test_a_recreated_topic_under_spark_connector_is_caught_by_the_guard(
     spark: Any,
@@ -72,7 +55,7 @@ def test_a_recreated_topic_under_spark_connector_is_caught_by_the_guard(
     run(spark, broker.bootstrap, topic, ck, guarded)
     assert len(ids(db, "t")) == 600
     assert (ck / IDS_FILE).exists()
-    recreate(broker.bootstrap, topic, 2)  # as many partitions: the connector sees no change
+    recreate_topic(broker.bootstrap, topic, 2)  # as many partitions: the connector sees no change
     produce(broker.bootstrap, topic, 900, keys=4, start_id=1000)
     shutil.copytree(ck, tmp_path / "ck-plain")
 

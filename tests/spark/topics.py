@@ -9,6 +9,7 @@ a ``read_uncommitted`` reader sees them, a ``read_committed`` one must not.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -81,3 +82,21 @@ def run_query(
     finally:
         query.stop()
     return query
+
+
+def recreate_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    """Delete ``topic`` and create it again with ``partitions`` (a new topic id,
+    empty), waiting out Kafka's asynchronous deletion."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.delete_topics([topic])[topic].result()
+    deadline = time.monotonic() + 30
+    while True:  # deletion is asynchronous: TOPIC_ALREADY_EXISTS until it is done
+        try:
+            admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result()
+            return
+        except KafkaException:
+            assert time.monotonic() < deadline, f"{topic} not recreated in 30 s"
+            time.sleep(0.3)
