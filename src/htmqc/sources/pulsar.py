@@ -503,22 +503,24 @@ def _text(value: bytes | None) -> str:
     return (value or b"").decode("utf-8", "surrogateescape")
 
 
-def client_logger() -> logging.Logger:
-    """The Python logger pulsar-client's C++ log goes to: warnings and errors, less a
-    standby's expected ``ConsumerBusy``."""
-    logger = logging.getLogger("htmqc.pulsar.client")
-    if not logger.filters:
-        logger.addFilter(lambda record: "ConsumerBusy" not in record.getMessage())
-        logger.setLevel(logging.WARNING)
-    return logger
+def client_logger(quiet: bool = False) -> Any:
+    """pulsar-client's C++ logger: errors to the console, or nothing (``quiet``: the
+    lease client, whose standby attempts fail with ``ConsumerBusy`` every
+    :data:`STANDBY_POLL` s; this module logs what the lease does). Not a Python
+    ``logging.Logger``: with one, the process may abort at exit ("terminate called
+    without an active exception", apache/pulsar-client-python#256)."""
+    import pulsar  # type: ignore[import-untyped]
+
+    if quiet:
+        return pulsar.FileLogger(pulsar.LoggerLevel.Error, os.devnull)
+    return pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
 
 
-def new_client(endpoint: Endpoint, connect_seconds: float) -> Any:
+def new_client(endpoint: Endpoint, connect_seconds: float, quiet: bool = False) -> Any:
     """A ``pulsar.Client`` of the broker, once its binary port and admin API
-    answered (tried for ``connect_seconds``).
+    answered (tried for ``connect_seconds``); ``quiet``: its C++ log discarded.
 
     :raises RuntimeFailure: they did not answer in time."""
-    import pulsar  # type: ignore[import-untyped]
 
     deadline = time.monotonic() + connect_seconds
     admin = PulsarAdmin(endpoint.admin_url, timeout=max(1.0, min(10.0, connect_seconds)))
@@ -536,10 +538,17 @@ def new_client(endpoint: Endpoint, connect_seconds: float) -> Any:
                 "check --bootstrap (pulsar://HOST:PORT?admin-port=N) and that the broker runs",
             )
         time.sleep(0.2)
+    return pulsar_client(endpoint, quiet)
+
+
+def pulsar_client(endpoint: Endpoint, quiet: bool = False) -> Any:
+    """A ``pulsar.Client`` of ``endpoint`` (it connects on first use)."""
+    import pulsar
+
     return pulsar.Client(
         endpoint.service_url,
         operation_timeout_seconds=max(5, int(CALL_TIMEOUT / 2)),
-        logger=client_logger(),
+        logger=client_logger(quiet),
     )
 
 
@@ -588,6 +597,8 @@ class PulsarConsumer(PumpedConsumer):
         self.endpoint = endpoint_of(bootstrap)
         self.admin = PulsarAdmin(self.endpoint.admin_url)
         self._client: Any = new_client(self.endpoint, connect_seconds)
+        #: The lease's own connection (and a quiet log: a standby is refused every 0.5 s).
+        self._lease_client: Any = pulsar_client(self.endpoint, quiet=True)
         super().__init__(group, thread_name="htmqc-pulsar", **options)
         self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="htmqc-pulsar-io")
         self._lease: Any = None
@@ -601,6 +612,14 @@ class PulsarConsumer(PumpedConsumer):
 
     def _stream(self, topic: str, partition: int) -> str:
         return partition_topic(topic, partition)
+
+    def close(self) -> None:
+        """As :meth:`PumpedConsumer.close`; the pulsar-client clients are closed even
+        if the orderly close timed out (an unclosed one may abort the process at exit)."""
+        super().close()
+        for client in (self._client, self._lease_client):
+            with contextlib.suppress(Exception):
+                client.close()
 
     def _lost_lease(self) -> RuntimeFailure:
         return RuntimeFailure(
@@ -703,7 +722,7 @@ class PulsarConsumer(PumpedConsumer):
     def _subscribe_lease(self, topic: str) -> Any:
         import pulsar
 
-        return self._client.subscribe(
+        return self._lease_client.subscribe(
             f"persistent://{topic_path(topic)}", self.group,
             consumer_type=pulsar.ConsumerType.Exclusive,
             initial_position=pulsar.InitialPosition.Earliest,
@@ -828,12 +847,16 @@ class PulsarConsumer(PumpedConsumer):
             await asyncio.wait(pumps, timeout=3)
         for task in pumps:
             task.cancel()
+        if self._commit_lock is not None:  # the commits asked for before close are stored
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._commit_lock.acquire(), 5)
         for closable in (self._commit_producer, self._lease):
             if closable is not None:  # a standby takes the lease over at once
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._blocking(closable.close), 5)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._blocking(self._client.close), 5)
+        for client in (self._client, self._lease_client):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._blocking(client.close), 5)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
