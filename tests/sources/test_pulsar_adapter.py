@@ -4,9 +4,10 @@ partition from the broker-entry index (batched and not, across a new ledger), ke
 headers, watermarks; a seek inside a batch and past the end (then new messages); the
 redelivery filter (a reader that delivers again after a reconnect); commits with their
 metadata in the commit topic, reported only once the broker confirmed them; the lease
-(an Exclusive subscription: a standby takes over when the holder goes); dead letters;
-refusals in one line. Run-level evidence is in ``test_pulsar_run.py``; seek, pause and
-ordered commits, shared with NATS and RabbitMQ, in ``test_source_contract.py``."""
+(an Exclusive subscription: a standby takes over when the holder goes, a member whose
+subscription disconnects stops); dead letters; refusals in one line. Run-level evidence
+is in ``test_pulsar_run.py``; seek, pause and ordered commits, shared with NATS and
+RabbitMQ, in ``test_source_contract.py``."""
 
 from __future__ import annotations
 
@@ -244,6 +245,23 @@ def test_a_second_member_waits_as_a_standby_and_takes_over_when_the_first_goes(
     finally:
         first.close()
         second.close()
+
+
+def test_a_member_whose_lease_disconnects_stops(
+    pulsar_server: PulsarServer, client: PulsarClient, topic_name: Callable[[], str]
+) -> None:
+    topic = topic_name()
+    produce(pulsar_server.bootstrap, topic, 10, partitions=1, client=client)
+    consumer = PulsarConsumer(pulsar_server.bootstrap, "gl")
+    try:
+        consumer.subscribe([topic], on_assign=assign_at({}))
+        assert len(drain(consumer, 10)) == 10
+        pulsar_server.restart()  # the lease's connection goes: another member may take it
+        with pytest.raises(RuntimeFailure, match=r"lease of group 'gl' .* was lost") as info:
+            drain(consumer, 1, timeout=10)
+        assert "\n" not in info.value.line()
+    finally:
+        consumer.close()
 
 
 def test_dead_letters_go_to_their_own_topics(

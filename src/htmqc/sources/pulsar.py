@@ -80,8 +80,9 @@ no transaction API, so no ``kafka:``-like sink exists for Pulsar.
 
 *Group membership.* One member of a group consumes a topic: it holds the **lease**, the
 durable ``Exclusive`` subscription named after the group on the partitioned topic
-(:meth:`PulsarConsumer._hold_lease`; it never receives more than one prefetched message
-per partition and acknowledges nothing). A second member is refused it
+(:meth:`PulsarConsumer._hold_lease`, on a client connection of its own whose C++ log is
+discarded; it never receives more than one prefetched message per partition and
+acknowledges nothing). A second member is refused it
 (``ConsumerBusy``) and waits as a standby, subscribing again every
 :data:`STANDBY_POLL` s; the broker drops an exclusive consumer with its connection, so
 ``close``, a crash and a SIGKILL hand over at once. Once held, ``on_assign`` gets every
