@@ -5,9 +5,9 @@ headers, watermarks; a seek inside a batch and past the end (then new messages);
 redelivery filter (a reader that delivers again after a reconnect); commits with their
 metadata in the commit topic, reported only once the broker confirmed them; the lease
 (an Exclusive subscription: a standby takes over when the holder goes, a member whose
-subscription disconnects stops); dead letters; refusals in one line. Run-level evidence
-is in ``test_pulsar_run.py``; seek, pause and ordered commits, shared with NATS and
-RabbitMQ, in ``test_source_contract.py``."""
+subscription stays disconnected stops, an unload is survived); dead letters; refusals
+in one line. Run-level evidence is in ``test_pulsar_run.py``; seek, pause and ordered
+commits, shared with NATS and RabbitMQ, in ``test_source_contract.py``."""
 
 from __future__ import annotations
 
@@ -247,12 +247,12 @@ def test_a_second_member_waits_as_a_standby_and_takes_over_when_the_first_goes(
         second.close()
 
 
-def test_a_member_whose_lease_disconnects_stops(
+def test_a_member_whose_lease_stays_disconnected_stops(
     pulsar_server: PulsarServer, client: PulsarClient, topic_name: Callable[[], str]
 ) -> None:
     topic = topic_name()
     produce(pulsar_server.bootstrap, topic, 10, partitions=1, client=client)
-    consumer = PulsarConsumer(pulsar_server.bootstrap, "gl")
+    consumer = PulsarConsumer(pulsar_server.bootstrap, "gl", lease_grace=1.0)
     try:
         consumer.subscribe([topic], on_assign=assign_at({}))
         assert len(drain(consumer, 10)) == 10
@@ -260,6 +260,31 @@ def test_a_member_whose_lease_disconnects_stops(
         with pytest.raises(RuntimeFailure, match=r"lease of group 'gl' .* was lost") as info:
             drain(consumer, 1, timeout=10)
         assert "\n" not in info.value.line()
+    finally:
+        consumer.close()
+
+
+def test_unloaded_partitions_reconnect_without_a_repeat_or_a_skip(
+    pulsar_server: PulsarServer, client: PulsarClient, topic_name: Callable[[], str]
+) -> None:
+    """A topic unload (what Pulsar's load balancer does) disconnects the readers and
+    the lease subscription; both reconnect within the lease's grace and the member
+    goes on."""
+    topic = topic_name()
+    produce(pulsar_server.bootstrap, topic, 400, partitions=2, client=client)
+    consumer = PulsarConsumer(pulsar_server.bootstrap, "gu")
+    try:
+        consumer.subscribe([topic], on_assign=assign_at({}))
+        got = drain(consumer, 150)
+        for _ in range(3):
+            pulsar_server.admin("PUT", f"/v2/persistent/public/default/{topic}/unload")
+            got += drain(consumer, 50)
+        produce(pulsar_server.bootstrap, topic, 200, partitions=2, start_id=400, client=client)
+        got += drain(consumer, 600 - len(got), timeout=30)
+        for p in range(2):
+            offsets = [m.offset() for m in got if m.partition() == p]
+            assert offsets == list(range(300)), f"partition {p}"
+        assert sorted(parse_id(m.value()) for m in got) == list(range(600))
     finally:
         consumer.close()
 

@@ -87,8 +87,11 @@ acknowledges nothing). A second member is refused it
 :data:`STANDBY_POLL` s; the broker drops an exclusive consumer with its connection, so
 ``close``, a crash and a SIGKILL hand over at once. Once held, ``on_assign`` gets every
 partition, inside a ``consume``; nothing is ever revoked. The lease is checked every
-:data:`LEASE_CHECK` s: once its subscription is not connected (a broker restart, a
-network cut), another member may take it, so the member stops (``consume`` raises).
+:data:`LEASE_CHECK` s: while its subscription is not connected (a topic unload, a
+broker restart, a network cut) another member may take it, so nothing is handed out;
+the client reconnects it by itself, which it cannot while another member holds it, and
+a lease not connected again within :data:`LEASE_GRACE` s is lost: the member stops
+(``consume`` raises).
 Exactly-once, the sink's fence is what makes a stale member harmless.
 
 Every offset *decision* stays in the core: this module converts message ids to offsets
@@ -397,6 +400,9 @@ WHAT_NAMES = "a Pulsar topic or subscription"
 STANDBY_POLL = 0.5
 #: Seconds between two checks that the lease subscription is still connected.
 LEASE_CHECK = 0.2
+#: Seconds the lease subscription may stay disconnected (a topic unload, a broker
+#: restart) before the member stops: it hands nothing out meanwhile.
+LEASE_GRACE = 10.0
 #: Milliseconds a read waits for a partition's first message of a batch.
 READ_WAIT_MS = 200
 #: Seconds between two background refreshes of a partition's cached watermarks
@@ -590,11 +596,19 @@ class PulsarConsumer(PumpedConsumer):
     NAMES = WHAT_NAMES
 
     def __init__(
-        self, bootstrap: str, group: str, *, connect_seconds: float = 10.0, **options: Any
+        self,
+        bootstrap: str,
+        group: str,
+        *,
+        connect_seconds: float = 10.0,
+        lease_grace: float = LEASE_GRACE,
+        **options: Any,
     ) -> None:
-        """``options``: :class:`PumpedConsumer`'s (``on_commit``, ``fetch_batch``,
-        ``buffer_messages``)."""
+        """``lease_grace``: seconds the lease may stay disconnected before the member
+        stops (:data:`LEASE_GRACE`); ``options``: :class:`PumpedConsumer`'s
+        (``on_commit``, ``fetch_batch``, ``buffer_messages``)."""
         check_name("group", group)
+        self.lease_grace = lease_grace
         self.endpoint = endpoint_of(bootstrap)
         self.admin = PulsarAdmin(self.endpoint.admin_url)
         self._client: Any = new_client(self.endpoint, connect_seconds)
@@ -625,7 +639,8 @@ class PulsarConsumer(PumpedConsumer):
     def _lost_lease(self) -> RuntimeFailure:
         return RuntimeFailure(
             f"the Pulsar lease of group {self.group!r} ({self._lease_key}) was lost: its "
-            "Exclusive subscription disconnected, so another member may hold it now",
+            f"Exclusive subscription stayed disconnected for {self.lease_grace:g} s, so "
+            "another member may hold it now",
             "restart this member: it waits as a standby while another one consumes",
         )
 
@@ -735,7 +750,10 @@ class PulsarConsumer(PumpedConsumer):
         """Take the Exclusive subscription named after the group on the topic
         (waiting as a standby while another member holds it), hand ``parts`` to the
         next :meth:`consume`, then watch it every :data:`LEASE_CHECK` s until
-        :meth:`close`: once it is not connected, the lease is lost."""
+        :meth:`close`: while it is not connected nothing is handed out (another
+        member may take it); not connected again within :attr:`lease_grace` s, the
+        lease is lost (the client reconnects it by itself, and cannot while another
+        member holds it)."""
         import pulsar
 
         topic = parts[0].topic
@@ -766,10 +784,31 @@ class PulsarConsumer(PumpedConsumer):
             self._lease_until = math.inf
             self._to_assign = parts
             self._cond.notify_all()
+        down_since: float | None = None
         while not self._closed:
             await asyncio.sleep(LEASE_CHECK)
-            if not self._closed and not self._lease.is_connected():
-                log.warning("the Pulsar lease %s was lost: disconnected", self._lease_key)
+            if self._closed:
+                return
+            if self._lease.is_connected():
+                if down_since is not None:  # reconnected: nobody else holds it now
+                    log.info("the Pulsar lease %s is connected again", self._lease_key)
+                    down_since = None
+                    with self._cond:
+                        self._lease_until = math.inf
+                        self._cond.notify_all()
+                continue
+            now = time.monotonic()
+            if down_since is None:  # in doubt: nothing is handed out
+                down_since = now
+                log.warning(
+                    "the Pulsar lease %s disconnected; handing nothing out until it "
+                    "reconnects (%g s at most)", self._lease_key, self.lease_grace,
+                )  # fmt: skip
+                with self._cond:
+                    self._lease_until = 0.0
+            elif now - down_since >= self.lease_grace:
+                log.warning("the Pulsar lease %s was lost: disconnected for %g s",
+                            self._lease_key, self.lease_grace)  # fmt: skip
                 with self._cond:
                     self._lease_lost = True
                     self._lease_until = 0.0
