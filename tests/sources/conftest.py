@@ -58,12 +58,17 @@ def rabbitmq_server() -> Iterator[RabbitServer]:
 @pytest.fixture
 def client(request: pytest.FixtureRequest) -> Iterator[Any]:
     """An admin and producing client of the server the test asked for: a
-    :class:`~htmqc.sources.rabbitmq.RabbitStreamClient` with ``rabbitmq_server``,
-    else a :class:`~htmqc.sources.nats.NatsClient`."""
+    :class:`~htmqc.sources.rabbitmq.RabbitStreamClient` with ``rabbitmq_server``, a
+    :class:`~htmqc.sources.pulsar.PulsarClient` with ``pulsar_server``, else a
+    :class:`~htmqc.sources.nats.NatsClient`."""
     if "rabbitmq_server" in request.fixturenames:
         from htmqc.sources.rabbitmq import RabbitStreamClient
 
         c: Any = RabbitStreamClient(request.getfixturevalue("rabbitmq_server").url)
+    elif "pulsar_server" in request.fixturenames:
+        from htmqc.sources.pulsar import PulsarClient
+
+        c = PulsarClient(request.getfixturevalue("pulsar_server").bootstrap)
     else:
         from htmqc.sources.nats import NatsClient
 

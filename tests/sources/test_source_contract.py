@@ -1,10 +1,10 @@
 """What every non-Kafka source must do alike, run on each (``nats``,
-``rabbitmq-stream``) against its private server (tests/sources/conftest.py): a seek
+``rabbitmq-stream``, ``pulsar``) against its private server (tests/sources/conftest.py): a seek
 fetches again and a pause hides a partition; commits are stored in order and
 reported inside ``consume`` (with their metadata where the source keeps it); and
 ``htmqc run`` exactly-once into SQLite across a SIGKILL stores every effect once
 and resumes at the sink's positions. What differs per source is in
-``test_nats_*.py`` and ``test_rabbitmq_*.py``."""
+``test_nats_*.py``, ``test_rabbitmq_*.py`` and ``test_pulsar_*.py``."""
 
 from __future__ import annotations
 
@@ -31,9 +31,10 @@ SOURCES = {
         "rabbitmq_server", "htmqc.sources.rabbitmq", "RabbitStreamClient",
         "RabbitStreamConsumer", False,
     ),
+    "pulsar": ("pulsar_server", "htmqc.sources.pulsar", "PulsarClient", "PulsarConsumer", True),
 }  # fmt: skip
 #: Messages of the exactly-once run (NATS's test had 8,000 before it was shared).
-EXACTLY_ONCE_COUNT = {"nats": 8000, "rabbitmq-stream": 5000}
+EXACTLY_ONCE_COUNT = {"nats": 8000, "rabbitmq-stream": 5000, "pulsar": 5000}
 
 
 @dataclass
@@ -59,11 +60,10 @@ def source(request: pytest.FixtureRequest) -> Iterator[Source]:
     server_fixture, module_name, client_class, consumer_class, keeps = SOURCES[request.param]
     server = request.getfixturevalue(server_fixture)
     module = importlib.import_module(module_name)
-    client = getattr(module, client_class)(server.url)
+    url = getattr(server, "bootstrap", server.url)  # Pulsar's carries its admin port
+    client = getattr(module, client_class)(url)
     try:
-        yield Source(
-            request.param, server.url, client, module, getattr(module, consumer_class), keeps
-        )
+        yield Source(request.param, url, client, module, getattr(module, consumer_class), keeps)
     finally:
         client.close()
 

@@ -31,7 +31,7 @@ def modules() -> list[Path]:
 
 def test_every_adapter_is_checked() -> None:
     names = {p.name for p in modules()}
-    assert {"nats.py", "rabbitmq.py", "pumped.py"} <= names
+    assert {"nats.py", "rabbitmq.py", "pulsar.py", "pumped.py"} <= names
 
 
 @pytest.mark.parametrize("path", modules(), ids=lambda p: p.name)

@@ -1,5 +1,5 @@
-"""What does not apply to a non-Kafka source (``--source nats``, ``rabbitmq-stream``)
-is refused before anything connects, in one line each
+"""What does not apply to a non-Kafka source (``--source nats``, ``rabbitmq-stream``,
+``pulsar``) is refused before anything connects, in one line each
 (:func:`htmqc.runtime.launch.check_stream_options`); no server needed."""
 
 from __future__ import annotations
@@ -12,8 +12,11 @@ from htmqc.errors import UsageError
 from htmqc.runtime.launch import check_stream_options
 from htmqc.runtime.options import RunOptions
 
-BOOTSTRAP = {"nats": "nats://127.0.0.1:4222", "rabbitmq-stream": "rabbitmq-stream://127.0.0.1:5552"}
-NAME = {"nats": "NATS", "rabbitmq-stream": "RabbitMQ"}
+BOOTSTRAP = {
+    "nats": "nats://127.0.0.1:4222", "rabbitmq-stream": "rabbitmq-stream://127.0.0.1:5552",
+    "pulsar": "pulsar://127.0.0.1:6650?admin-port=8080",
+}  # fmt: skip
+NAME = {"nats": "NATS", "rabbitmq-stream": "RabbitMQ", "pulsar": "Pulsar"}
 REFUSED = [
     ({"mode": "exactly-once"}, "exactly-once needs a sink"),
     ({"mode": "exactly-once", "sink": "kafka:out"}, "a kafka: sink cannot commit a {name}"),
@@ -25,7 +28,8 @@ REFUSED = [
     ({"group": "g/1"}, "group 'g/1' cannot name a {name}"),
 ]
 BAD_BOOTSTRAP = {"nats": ("http://x:1", "not a NATS URL"),
-                 "rabbitmq-stream": ("nats://x:1", "not a RabbitMQ stream URL")}  # fmt: skip
+                 "rabbitmq-stream": ("nats://x:1", "not a RabbitMQ stream URL"),
+                 "pulsar": ("pulsar+ssl://x:1", "not a Pulsar URL")}  # fmt: skip
 
 
 def _options(source: str, **kw: Any) -> RunOptions:

@@ -23,7 +23,7 @@ from htmqc.logs import LIBRDKAFKA_LOGGER, flush_repeats, limit_repeats
 from htmqc.runtime.decode import wants_decoding
 from htmqc.runtime.handlers import check_handler
 from htmqc.runtime.loop import Engine
-from htmqc.runtime.options import EXACTLY_ONCE, NATS, RABBITMQ_STREAM, RunOptions
+from htmqc.runtime.options import EXACTLY_ONCE, NATS, PULSAR, RABBITMQ_STREAM, RunOptions
 from htmqc.runtime.subscription import Subscription
 
 if TYPE_CHECKING:
@@ -321,12 +321,14 @@ class CreatingProducer:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._producer, name)
 #: The non-Kafka sources: ``--source`` value -> (name in messages, its module).
-STREAM_SOURCES = {NATS: ("NATS", "nats"), RABBITMQ_STREAM: ("RabbitMQ", "rabbitmq")}
+STREAM_SOURCES = {
+    NATS: ("NATS", "nats"), RABBITMQ_STREAM: ("RabbitMQ", "rabbitmq"), PULSAR: ("Pulsar", "pulsar")
+}
 
 
 def check_stream_options(options: RunOptions) -> None:
-    """Refuse what does not apply to a non-Kafka source (``--source nats`` or
-    ``rabbitmq-stream``), one line each, before anything connects.
+    """Refuse what does not apply to a non-Kafka source (``--source nats``,
+    ``rabbitmq-stream`` or ``pulsar``), one line each, before anything connects.
 
     :raises UsageError: a bad ``--bootstrap``, a topic or group the source cannot
         name, exactly-once without a SQL sink, a ``kafka:`` sink, ``--retry-topic``,
@@ -387,7 +389,8 @@ def build_stream_engine(
     (:func:`check_stream_options`), the topic's streams made sure of (created with
     ``--create-topic``), the sink opened, the adapter's consumer built
     (:class:`~htmqc.sources.nats.NatsConsumer`,
-    :class:`~htmqc.sources.rabbitmq.RabbitStreamConsumer`); dead letters of
+    :class:`~htmqc.sources.rabbitmq.RabbitStreamConsumer`,
+    :class:`~htmqc.sources.pulsar.PulsarConsumer`); dead letters of
     at-least-once go to the source's own streams (its producer class)."""
     from htmqc.sinks import open_sink
 
@@ -397,6 +400,11 @@ def build_stream_engine(
         from htmqc.sources.nats import NatsConsumer as Consumer
         from htmqc.sources.nats import NatsProducer as Producer
         from htmqc.sources.nats import stream_name
+    elif options.source == PULSAR:
+        from htmqc.sources.pulsar import PulsarClient as Client  # type: ignore[assignment]
+        from htmqc.sources.pulsar import PulsarConsumer as Consumer  # type: ignore[assignment]
+        from htmqc.sources.pulsar import PulsarProducer as Producer  # type: ignore[assignment]
+        from htmqc.sources.pulsar import partition_topic as stream_name
     else:
         from htmqc.sources.rabbitmq import RabbitStreamClient as Client  # type: ignore[assignment]
         from htmqc.sources.rabbitmq import (  # type: ignore[assignment]

@@ -36,8 +36,11 @@ FORMATS = ("bytes", "json", "avro", "protobuf", "json-schema")
 #: ``rabbitmq-stream``: RabbitMQ streams through
 #: :class:`htmqc.sources.rabbitmq.RabbitStreamConsumer` (one stream per partition, a
 #: single member; ``--bootstrap rabbitmq-stream://HOST:PORT``).
-KAFKA, NATS, RABBITMQ_STREAM = "kafka", "nats", "rabbitmq-stream"
-SOURCES = (KAFKA, NATS, RABBITMQ_STREAM)
+#: ``pulsar``: an Apache Pulsar partitioned topic through
+#: :class:`htmqc.sources.pulsar.PulsarConsumer` (a single member;
+#: ``--bootstrap pulsar://HOST:PORT?admin-port=N``).
+KAFKA, NATS, RABBITMQ_STREAM, PULSAR = "kafka", "nats", "rabbitmq-stream", "pulsar"
+SOURCES = (KAFKA, NATS, RABBITMQ_STREAM, PULSAR)
 
 #: ``--profile``: defaults tuned for a goal. An option given on the command line,
 #: in the environment or in ``--config`` wins over its profile's value.
@@ -147,7 +150,9 @@ class RunOptions:
     ``rabbitmq-stream`` consumes RabbitMQ streams named the same way
     (:mod:`htmqc.sources.rabbitmq`), at-least-once commits by the streams' offset
     tracking (one number: the finished-above set is not kept), exactly-once into
-    a SQL sink.
+    a SQL sink; ``pulsar`` consumes a partitioned Pulsar topic
+    (:mod:`htmqc.sources.pulsar`), at-least-once commits in a compacted commit
+    topic, exactly-once into a SQL sink.
     ``retry_topic``: backoffs of at least ``retry_topic_ms`` wait in
     ``<topic>.retry`` instead of in memory (:mod:`htmqc.runtime.retry_topic`).
     Flow: ``flow`` (:data:`FLOWS`), ``min_in_flight``, ``latency_target_ms``
@@ -164,7 +169,8 @@ class RunOptions:
 
     bootstrap: str = opt(
         help="Kafka bootstrap servers HOST:PORT (nats://HOST:PORT with --source nats, "
-        "rabbitmq-stream://HOST:PORT with --source rabbitmq-stream)"
+        "rabbitmq-stream://HOST:PORT with --source rabbitmq-stream, "
+        "pulsar://HOST:PORT?admin-port=N with --source pulsar)"
     )
     topic: str = opt(
         help="the topic to consume; several: a,b,c; a pattern: ^regex (librdkafka's "
@@ -332,8 +338,10 @@ class RunOptions:
     )  # fmt: skip
     source: str = opt(
         "kafka", "the log to consume: kafka, nats (JetStream, one member; "
-        "--bootstrap nats://HOST:PORT), or rabbitmq-stream (RabbitMQ streams, one "
-        "member; --bootstrap rabbitmq-stream://HOST:PORT)", choices=SOURCES,
+        "--bootstrap nats://HOST:PORT), rabbitmq-stream (RabbitMQ streams, one "
+        "member; --bootstrap rabbitmq-stream://HOST:PORT), or pulsar (a partitioned "
+        "Pulsar topic, one member; --bootstrap pulsar://HOST:PORT?admin-port=N)",
+        choices=SOURCES,
     )  # fmt: skip
 
 

@@ -1,5 +1,7 @@
-"""Apache Pulsar as a source: positions (the first part of the adapter; the
-:class:`~htmqc.ports.ConsumerPort` over it is not written yet).
+"""Apache Pulsar as a source: :class:`PulsarConsumer` implements
+:class:`~htmqc.ports.ConsumerPort` (through :class:`~htmqc.sources.pumped.PumpedConsumer`,
+as the NATS and RabbitMQ adapters do), so the same core and runtime drive it; the
+positions under it are :class:`OffsetMapper` and :class:`PulsarAdmin`.
 
 Theory of operation
 -------------------
@@ -44,39 +46,106 @@ One admin call per ledger (50,000 entries by default) and per start or seek.
 partition's entries (their ledgers from ``internalStats``), about ``log2(entries)``
 admin calls.
 
-Every offset *decision* stays in the core: this module converts message ids to offsets
-and back.
+*Fetching.* Each assigned, unpaused partition has a pump (a *session*,
+:meth:`PulsarConsumer._session`) that owns one **non-durable reader** of the partition
+topic, created at the message id :meth:`PulsarAdmin.locate` answers for the partition's
+position (``start_message_id_inclusive``; past the last stored message, at the last
+entry, whose messages below the position are dropped; on a partition with no entry, at
+the earliest). Reads of up to ``fetch_batch`` messages go into a bounded buffer (the
+first waits :data:`READ_WAIT_MS`, the rest take what the reader holds); a full buffer or
+a pause stops reading. ``seek`` (and a new assignment) ends the session: its reader is
+closed and a new one starts at the new position. A durable subscription's ``seek``
+would move the group's cursor, so it is not the fetch cursor. A message id at or below
+the last one a session took is dropped before :class:`OffsetMapper` sees it (a reader
+may deliver again after a reconnect), and so is a message below the session's start.
+pulsar-client is synchronous (its C++ client runs its own threads): its calls and the
+admin API's run on a thread pool the asyncio thread awaits, so the shared port
+(generations, buffers, lease gate, ordered commits) is :class:`PumpedConsumer`'s
+unchanged.
 
-Not written yet (the consumer, in the shape of :mod:`htmqc.sources.nats`)
---------------------------------------------------------------------------
-* Fetching: one non-durable reader per assigned partition (``create_reader`` at the
-  located id, ``start_message_id_inclusive``), recreated on ``seek``; a redelivered id
-  at or below the last one handed out is dropped before :class:`OffsetMapper` sees it.
-  A durable subscription's ``seek`` would move the group's cursor, so it is not the
-  fetch cursor.
-* At-least-once commits: a cumulative ack, on a durable ``Failover`` subscription
-  named after the group, of the message at ``offset - 1`` (located); the commit's
-  metadata (work finished above the watermark) has no place in an ack, so it needs a
-  store of its own (as NATS's KV bucket: e.g. a compacted topic ``GROUP.T`` keyed by
-  partition), and ``committed`` reads the offset back from it, not from the cursor.
-  ``pulsar-client``'s acks are not confirmed: ``commit_acked`` must wait for the
-  store's write, not for the ack.
-* Exactly-once: positions from the SQL sink (its claim, then ``seek``), as for NATS;
-  ``pulsar-client`` (Python) has no transaction API.
-* Group membership: a ``Failover`` subscription gives each partition one active
-  consumer; ``on_assign``/``on_revoke`` have no Python callbacks for its changes.
+*Commits (at-least-once).* A commit is one message ``{"partition", "offset",
+"metadata"}`` keyed by the partition, sent to the non-partitioned **commit topic**
+``htmqc.offsets.GROUP.T`` in ``T``'s namespace (:func:`commits_topic`; created on first
+use, with a compaction threshold of :data:`COMMITS_COMPACTION` bytes as a topic policy,
+so the broker keeps the last commit per key). The core hears ``commit_acked`` only once
+the broker confirmed the send (persisted to the bookies), in the order the commits were
+asked for. ``committed`` reads the topic's compacted view to its end (the last message
+per partition wins), so the metadata (work finished above the watermark) survives a
+restart, as NATS's KV bucket keeps it. Not cumulative acks: ``pulsar-client``'s acks are
+not confirmed, and an ack has no room for the metadata.
+
+*Exactly-once.* Positions come from the SQL sink (its claim, then ``seek``), as with
+Kafka, NATS and RabbitMQ; the commit topic is not used. ``pulsar-client`` (Python) has
+no transaction API, so no ``kafka:``-like sink exists for Pulsar.
+
+*Group membership.* One member of a group consumes a topic: it holds the **lease**, the
+durable ``Exclusive`` subscription named after the group on the partitioned topic
+(:meth:`PulsarConsumer._hold_lease`, on a client connection of its own whose C++ log is
+discarded; it never receives more than one prefetched message per partition and
+acknowledges nothing). A second member is refused it
+(``ConsumerBusy``) and waits as a standby, subscribing again every
+:data:`STANDBY_POLL` s; the broker drops an exclusive consumer with its connection, so
+``close``, a crash and a SIGKILL hand over at once. Once held, ``on_assign`` gets every
+partition, inside a ``consume``; nothing is ever revoked. The lease is checked every
+:data:`LEASE_CHECK` s: while its subscription is not connected (a topic unload, a
+broker restart, a network cut) another member may take it, so nothing is handed out;
+the client reconnects it by itself, which it cannot while another member holds it, and
+a lease not connected again within :data:`LEASE_GRACE` s is lost: the member stops
+(``consume`` raises).
+Exactly-once, the sink's fence is what makes a stale member harmless.
+
+Every offset *decision* stays in the core: this module converts message ids to offsets
+and back, keeps each partition's fetch position and stores the commits it is given.
+
+Keys and headers: the partition key is the key (an empty key reads as none); the
+message properties are the headers, as ``(name, bytes)``.
+
+Not done
+--------
+* No acknowledgement on the lease subscription: it holds every message of the topic
+  from its creation on (nothing is lost to trimming, and nothing is freed: set a
+  retention policy, and expect the subscription's backlog to grow).
+* One member per group and topic (no ``Failover`` sharing of partitions: the Python
+  client has no callbacks for its changes); topics in ``public/default`` only (names
+  are plain); no TLS or authentication options.
+* Holes at a partition's tail (a transaction marker as the last entry) are not passed:
+  the position stops before them until a later message arrives.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
+import math
+import os
+import socket
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from htmqc.errors import RuntimeFailure
+from confluent_kafka import TopicPartition as KafkaTP
+
+from htmqc.errors import RuntimeFailure, UsageError
+from htmqc.sources.pumped import (
+    CALL_TIMEOUT,
+    TP,
+    Deliveries,
+    LogMessage,
+    PumpedConsumer,
+    _Partition,
+    check_plain,
+)
+
+log = logging.getLogger("htmqc.pulsar")
+
+T = TypeVar("T")
 
 #: The admin API's header of an entry's broker-metadata index (its last message's).
 INDEX_HEADER = "X-Pulsar-Broker-Entry-METADATA-index"
@@ -172,6 +241,14 @@ class OffsetMapper:
         return self._first + at
 
 
+class AdminError(RuntimeFailure):
+    """An admin call answered an error status (``status``: the HTTP code)."""
+
+    def __init__(self, status: int, message: str, fix: str) -> None:
+        super().__init__(message, fix)
+        self.status = status
+
+
 class PulsarAdmin:
     """The admin (HTTP) calls the offset mapping needs: an entry's index, a
     partition's watermarks, the message id of an offset."""
@@ -180,22 +257,63 @@ class PulsarAdmin:
         self.admin_url = admin_url.rstrip("/")
         self.timeout = timeout
 
-    def _get(self, path: str) -> tuple[bytes, dict[str, str]]:
+    def _get(
+        self, path: str, method: str = "GET", body: Any = None
+    ) -> tuple[bytes, dict[str, str]]:
         url = f"{self.admin_url}/admin/v2/persistent/{urllib.parse.quote(path)}"
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            url, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
         try:
-            with urllib.request.urlopen(url, timeout=self.timeout) as answer:
+            with urllib.request.urlopen(request, timeout=self.timeout) as answer:
                 return answer.read(), dict(answer.headers.items())
         except urllib.error.HTTPError as exc:
-            raise RuntimeFailure(
-                f"Pulsar admin GET {path} answered {exc.code}",
+            raise AdminError(
+                exc.code,
+                f"Pulsar admin {method} {path} answered {exc.code}",
                 "check the topic and that the broker appends the index "
                 "(brokerEntryMetadataInterceptors=...AppendIndexMetadataInterceptor)",
             ) from exc
         except OSError as exc:
             raise RuntimeFailure(
                 f"cannot reach Pulsar's admin API at {self.admin_url}: {exc}",
-                "check --pulsar-admin and that the broker runs",
+                "check --bootstrap's admin-port and that the broker runs",
             ) from exc
+
+    def partitions(self, topic: str) -> int:
+        """How many partitions the partitioned topic ``topic`` has (0: no such
+        partitioned topic)."""
+        try:
+            body, _headers = self._get(f"{topic_path(topic)}/partitions")
+        except AdminError as exc:
+            if exc.status == 404:
+                return 0
+            raise
+        return int(json.loads(body).get("partitions") or 0)
+
+    def create_partitioned(self, topic: str, partitions: int) -> None:
+        """Create ``topic`` with ``partitions`` partitions (kept if it exists)."""
+        try:
+            self._get(f"{topic_path(topic)}/partitions", "PUT", partitions)
+        except AdminError as exc:
+            if exc.status != 409:
+                raise
+
+    def create_plain(self, topic: str) -> None:
+        """Create the non-partitioned topic ``topic`` (kept if it exists)."""
+        try:
+            self._get(topic_path(topic), "PUT")
+        except AdminError as exc:
+            if exc.status != 409:
+                raise
+
+    def compact_above(self, topic: str, size: int) -> None:
+        """Let the broker compact ``topic`` once its backlog passes ``size`` bytes
+        (a topic policy).
+
+        :raises RuntimeFailure: the broker refused it (topic policies disabled)."""
+        self._get(f"{topic_path(topic)}/compactionThreshold", "POST", size)
 
     def entry(self, topic: str, partition: int, ledger: int, entry: int) -> Entry:
         """The broker-metadata index and message count of one entry.
@@ -269,3 +387,752 @@ class PulsarAdmin:
         if offset < got.first:
             return ledger, entry, 0 if got.messages > 1 else -1
         return ledger, entry, (offset - got.first) if got.messages > 1 else -1
+
+
+# -- the consumer ---------------------------------------------------------------------------
+
+#: The ``--bootstrap`` scheme, and the default binary and admin (HTTP) ports.
+SCHEME = "pulsar"
+BROKER_PORT, ADMIN_PORT = 6650, 8080
+#: What a topic or group name names here (in the refusal).
+WHAT_NAMES = "a Pulsar topic or subscription"
+#: Seconds between a standby's attempts to take the lease subscription.
+STANDBY_POLL = 0.5
+#: Seconds between two checks that the lease subscription is still connected.
+LEASE_CHECK = 0.2
+#: Seconds the lease subscription may stay disconnected (a topic unload, a broker
+#: restart) before the member stops: it hands nothing out meanwhile.
+LEASE_GRACE = 10.0
+#: Milliseconds a read waits for a partition's first message of a batch.
+READ_WAIT_MS = 200
+#: Seconds between two background refreshes of a partition's cached watermarks
+#: (a refresh is three admin calls).
+WATERMARK_REFRESH = 2.0
+#: Backlog bytes above which the broker compacts a commit topic.
+COMMITS_COMPACTION = 1 << 20
+#: Threads of the blocking pulsar-client and admin calls (a partition's read holds one
+#: for up to READ_WAIT_MS).
+WORKERS = 32
+#: The message property that carries the key of a dead letter whose key is not UTF-8.
+KEY_PROPERTY = "Htmqc-Key"
+
+
+def check_name(what: str, name: str) -> None:
+    """:raises UsageError: ``name`` is not letters, digits, ``_`` and ``-``."""
+    check_plain(what, name, WHAT_NAMES)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a broker is: ``pulsar://HOST[:PORT][?admin-port=N | ?admin=URL]``; the
+    admin API is ``http://HOST:8080`` unless said."""
+
+    service_url: str
+    admin_url: str
+    host: str
+    port: int
+
+
+def endpoint_of(bootstrap: str) -> Endpoint:
+    """``--bootstrap`` as an :class:`Endpoint`.
+
+    :raises UsageError: another scheme, no host, or a port that is not a number."""
+    hint = f"pass {SCHEME}://HOST:PORT[?admin-port=N]"
+    if not bootstrap.strip():
+        raise UsageError("--bootstrap is empty", hint)
+    if not bootstrap.startswith(f"{SCHEME}://"):
+        raise UsageError(f"--bootstrap {bootstrap!r} is not a Pulsar URL", hint)
+    try:
+        url = urllib.parse.urlsplit(bootstrap)
+        query = urllib.parse.parse_qs(url.query)
+        port = url.port or BROKER_PORT
+        admin_port = int(query.get("admin-port", [ADMIN_PORT])[0])
+    except ValueError:
+        raise UsageError(f"--bootstrap {bootstrap!r} has a bad port", hint) from None
+    if not url.hostname:
+        raise UsageError(f"--bootstrap {bootstrap!r} names no host", hint)
+    admin = query.get("admin", [f"http://{url.hostname}:{admin_port}"])[0]
+    if not admin.startswith(("http://", "https://")):
+        raise UsageError(f"--bootstrap's admin {admin!r} is not an http(s) URL", hint)
+    return Endpoint(f"{SCHEME}://{url.hostname}:{port}", admin, url.hostname, port)
+
+
+def commits_topic(group: str, topic: str) -> str:
+    """The compacted topic of a group's at-least-once commits of ``topic`` (one
+    message per commit, keyed by partition), in ``topic``'s namespace."""
+    namespace = topic_path(topic).rsplit("/", 1)[0]
+    return f"persistent://{namespace}/htmqc.offsets.{group}.{topic_path(topic).rsplit('/', 1)[1]}"
+
+
+def encode_commit(partition: int, offset: int, metadata: str | None) -> bytes:
+    """A commit as stored: ``{"partition", "offset", "metadata"}`` (JSON)."""
+    return json.dumps({"partition": partition, "offset": offset, "metadata": metadata}).encode()
+
+
+def decode_commits(values: list[bytes]) -> dict[int, tuple[int, str | None]]:
+    """Partition -> ``(offset, metadata)`` of the last stored commit of each, from a
+    commit topic's messages in order."""
+    out: dict[int, tuple[int, str | None]] = {}
+    for value in values:
+        stored = json.loads(value)
+        out[int(stored["partition"])] = (int(stored["offset"]), stored.get("metadata"))
+    return out
+
+
+class PulsarMessage(LogMessage):
+    """A consumed Pulsar message: ``offset()`` from the broker-entry index
+    (:class:`OffsetMapper`), ``timestamp()`` its publish time."""
+
+    __slots__ = ()
+
+
+def convert(topic: str, partition: int, offset: int, msg: Any) -> PulsarMessage:
+    """A ``pulsar.Message`` at ``offset`` as a :class:`PulsarMessage`: the partition
+    key is the key (none if empty), the properties the headers."""
+    key_text = msg.partition_key()
+    props = msg.properties()
+    key: bytes | None = key_text.encode() if key_text else None
+    headers: list[tuple[str, bytes]] | None = None
+    if props:
+        headers = []
+        for name, value in props.items():
+            if name == KEY_PROPERTY:
+                key = value.encode("utf-8", "surrogateescape")
+            else:
+                headers.append((name, value.encode()))
+    return PulsarMessage(
+        topic, partition, offset, key, msg.data(), headers, int(msg.publish_timestamp())
+    )
+
+
+def _text(value: bytes | None) -> str:
+    """Bytes as a Pulsar property or key (a string; bytes that are not UTF-8 kept)."""
+    return (value or b"").decode("utf-8", "surrogateescape")
+
+
+def client_logger(quiet: bool = False) -> Any:
+    """pulsar-client's C++ logger: errors to the console, or nothing (``quiet``: the
+    lease client, whose standby attempts fail with ``ConsumerBusy`` every
+    :data:`STANDBY_POLL` s; this module logs what the lease does). Not a Python
+    ``logging.Logger``: with one, the process may abort at exit ("terminate called
+    without an active exception", apache/pulsar-client-python#256)."""
+    import pulsar  # type: ignore[import-untyped]
+
+    if quiet:
+        return pulsar.FileLogger(pulsar.LoggerLevel.Error, os.devnull)
+    return pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+
+
+def new_client(endpoint: Endpoint, connect_seconds: float, quiet: bool = False) -> Any:
+    """A ``pulsar.Client`` of the broker, once its binary port and admin API
+    answered (tried for ``connect_seconds``); ``quiet``: its C++ log discarded.
+
+    :raises RuntimeFailure: they did not answer in time."""
+
+    deadline = time.monotonic() + connect_seconds
+    admin = PulsarAdmin(endpoint.admin_url, timeout=max(1.0, min(10.0, connect_seconds)))
+    while True:
+        try:
+            socket.create_connection((endpoint.host, endpoint.port), timeout=1.0).close()
+            urllib.request.urlopen(f"{admin.admin_url}/admin/v2/clusters", timeout=2).close()
+            break
+        except OSError as exc:
+            last = f"{type(exc).__name__}: {exc}"
+        if time.monotonic() >= deadline:
+            raise RuntimeFailure(
+                f"cannot reach Pulsar at {endpoint.service_url} (admin {endpoint.admin_url}): "
+                f"{last}",
+                "check --bootstrap (pulsar://HOST:PORT?admin-port=N) and that the broker runs",
+            )
+        time.sleep(0.2)
+    return pulsar_client(endpoint, quiet)
+
+
+def pulsar_client(endpoint: Endpoint, quiet: bool = False) -> Any:
+    """A ``pulsar.Client`` of ``endpoint`` (it connects on first use)."""
+    import pulsar
+
+    return pulsar.Client(
+        endpoint.service_url,
+        operation_timeout_seconds=max(5, int(CALL_TIMEOUT / 2)),
+        logger=client_logger(quiet),
+    )
+
+
+def read_all(client: Any, topic: str, compacted: bool = True) -> list[bytes]:
+    """Every message of the non-partitioned ``topic`` now (its compacted view), in
+    order; ``[]`` if it does not exist."""
+    import pulsar
+
+    reader = client.create_reader(
+        topic, pulsar.MessageId.earliest, is_read_compacted=compacted,
+        start_message_id_inclusive=True,
+    )  # fmt: skip
+    try:
+        out = []
+        while reader.has_message_available():
+            out.append(reader.read_next(int(CALL_TIMEOUT * 1000 / 3)).data())
+        return out
+    finally:
+        reader.close()
+
+
+class PulsarConsumer(PumpedConsumer):
+    """The blocking :class:`~htmqc.ports.ConsumerPort` over Apache Pulsar (module docs).
+
+    ``bootstrap``: a ``pulsar://`` URL (:func:`endpoint_of`); ``group``: the lease
+    subscription's name and the commits' key; ``on_commit(err, partitions)``: the
+    outcome of each asynchronous commit, called inside :meth:`consume`.
+
+    pulsar-client is synchronous: its calls (readers, the lease subscription, the
+    commit producer) and the admin API's run on a thread pool, awaited from
+    :class:`PumpedConsumer`'s asyncio thread, so that the shared port (generations,
+    buffers, lease, ordered commits) is the one NATS and RabbitMQ use.
+
+    :raises RuntimeFailure: the broker cannot be reached within ``connect_seconds``.
+    """
+
+    SOURCE, OPTION = "Pulsar", SCHEME
+    NAMES = WHAT_NAMES
+
+    def __init__(
+        self,
+        bootstrap: str,
+        group: str,
+        *,
+        connect_seconds: float = 10.0,
+        lease_grace: float = LEASE_GRACE,
+        **options: Any,
+    ) -> None:
+        """``lease_grace``: seconds the lease may stay disconnected before the member
+        stops (:data:`LEASE_GRACE`); ``options``: :class:`PumpedConsumer`'s
+        (``on_commit``, ``fetch_batch``, ``buffer_messages``)."""
+        check_name("group", group)
+        self.lease_grace = lease_grace
+        self.endpoint = endpoint_of(bootstrap)
+        self.admin = PulsarAdmin(self.endpoint.admin_url)
+        self._client: Any = new_client(self.endpoint, connect_seconds)
+        #: The lease's own connection (and a quiet log: a standby is refused every 0.5 s).
+        self._lease_client: Any = pulsar_client(self.endpoint, quiet=True)
+        super().__init__(group, thread_name="htmqc-pulsar", **options)
+        self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="htmqc-pulsar-io")
+        self._lease: Any = None
+        self._commit_producer: Any = None
+        self._commit_topic: str | None = None
+        self._refreshed: dict[TP, float] = {}
+        self._call(self._init_locks())
+
+    async def _init_locks(self) -> None:
+        self._commit_lock = asyncio.Lock()
+
+    def _stream(self, topic: str, partition: int) -> str:
+        return partition_topic(topic, partition)
+
+    def close(self) -> None:
+        """As :meth:`PumpedConsumer.close`; the pulsar-client clients are closed even
+        if the orderly close timed out (an unclosed one may abort the process at exit)."""
+        super().close()
+        for client in (self._client, self._lease_client):
+            with contextlib.suppress(Exception):
+                client.close()
+
+    def _lost_lease(self) -> RuntimeFailure:
+        return RuntimeFailure(
+            f"the Pulsar lease of group {self.group!r} ({self._lease_key}) was lost: its "
+            f"Exclusive subscription stayed disconnected for {self.lease_grace:g} s, so "
+            "another member may hold it now",
+            "restart this member: it waits as a standby while another one consumes",
+        )
+
+    def partitions(self, topic: str) -> int:
+        """How many partitions the partitioned topic ``topic`` has (0: none)."""
+        return self.admin.partitions(topic)
+
+    def get_watermark_offsets(
+        self, partition: KafkaTP, timeout: float = -1, cached: bool = False
+    ) -> tuple[int, int] | None:
+        """As :meth:`PumpedConsumer.get_watermark_offsets`; a cached read refreshes
+        in the background at most every :data:`WATERMARK_REFRESH` s."""
+        tp = (partition.topic, partition.partition)
+        if cached:
+            now = time.monotonic()
+            if now - self._refreshed.get(tp, -math.inf) >= WATERMARK_REFRESH:
+                self._refreshed[tp] = now
+                self._loop.call_soon_threadsafe(self._track, self._watermarks_of(tp))
+            return self._watermarks.get(tp)
+        return super().get_watermark_offsets(partition, timeout)
+
+    # -- coroutines (the asyncio thread; blocking calls on the pool) -------------------------
+
+    async def _blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the pool, awaited."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, lambda: fn(*args))
+
+    def _start_id(self, topic: str, partition: int, offset: int) -> tuple[Any, bool]:
+        """The reader's start of a partition read from ``offset``: ``(message id,
+        inclusive)``. The located message (inclusive); past the last stored one, the
+        last entry's first message (what precedes ``offset`` is dropped); a partition
+        with no entry: the earliest."""
+        import pulsar
+
+        located = self.admin.locate(topic, partition, offset)
+        if located is None:
+            ledgers = self.admin.ledgers(topic, partition)
+            if not ledgers:
+                return pulsar.MessageId.earliest, True
+            ledger, count = ledgers[-1]
+            located = (ledger, count - 1, -1)
+        ledger, entry, batch = located
+        mid = pulsar.MessageId(partition=-1, ledger_id=ledger, entry_id=entry, batch_index=batch)
+        return mid, True
+
+    def _open_reader(self, part: _Partition, start: int) -> Any:
+        mid, inclusive = self._start_id(part.topic, part.partition, start)
+        return self._client.create_reader(
+            partition_topic(part.topic, part.partition), mid,
+            receiver_queue_size=max(100, min(self.fetch_batch, 1000)),
+            start_message_id_inclusive=inclusive,
+        )  # fmt: skip
+
+    async def _session(self, part: _Partition, generation: int) -> None:
+        """One non-durable reader's life from the partition's position (module docs:
+        *Fetching*): reads of up to :attr:`fetch_batch` messages while the buffer has
+        room and the partition is not paused; the reader is closed at the end."""
+        assert part.wake is not None
+        with self._cond:
+            start = part.position
+        if start is None:
+            start = await self._start_of(part)
+            with self._cond:
+                if not self._current(part, generation):
+                    return
+                if part.position is None:
+                    part.position = start
+        reader = await self._blocking(self._open_reader, part, start)
+        fetch = _Fetch(part.topic, part.partition, start, OffsetMapper(
+            lambda ledger, entry: self.admin.entry(part.topic, part.partition, ledger, entry)
+        ))  # fmt: skip
+        try:
+            while self._current(part, generation):
+                with self._cond:
+                    idle = part.idle = part.paused or len(part.buffer) >= self.buffer_messages
+                    room = self.buffer_messages - len(part.buffer)
+                    if idle:
+                        part.wake.clear()
+                if idle:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(part.wake.wait(), 0.5)
+                    continue
+                got = await self._blocking(fetch.read, reader, min(self.fetch_batch, room))
+                if not got:
+                    continue
+                with self._cond:
+                    if not self._current(part, generation):
+                        return
+                    part.buffer.extend(got)
+                    self._cond.notify_all()
+        finally:
+            with contextlib.suppress(Exception):
+                await self._blocking(reader.close)
+
+    def _subscribe_lease(self, topic: str) -> Any:
+        import pulsar
+
+        return self._lease_client.subscribe(
+            f"persistent://{topic_path(topic)}", self.group,
+            consumer_type=pulsar.ConsumerType.Exclusive,
+            initial_position=pulsar.InitialPosition.Earliest,
+            receiver_queue_size=1, max_total_receiver_queue_size_across_partitions=1,
+            consumer_name=f"htmqc-{socket.gethostname()}-{os.getpid()}",
+        )  # fmt: skip
+
+    async def _hold_lease(self, parts: list[KafkaTP]) -> None:
+        """Take the Exclusive subscription named after the group on the topic
+        (waiting as a standby while another member holds it), hand ``parts`` to the
+        next :meth:`consume`, then watch it every :data:`LEASE_CHECK` s until
+        :meth:`close`: while it is not connected nothing is handed out (another
+        member may take it); not connected again within :attr:`lease_grace` s, the
+        lease is lost (the client reconnects it by itself, and cannot while another
+        member holds it)."""
+        import pulsar
+
+        topic = parts[0].topic
+        waited = False
+        while not self._closed:
+            try:
+                self._lease = await self._blocking(self._subscribe_lease, topic)
+                break
+            except pulsar.ConsumerBusy:
+                if not waited:
+                    log.warning(
+                        "group %s on topic %s is held by another member; waiting as a standby "
+                        "(it takes over when that member stops or dies)", self.group, topic,
+                    )  # fmt: skip
+                    waited = True
+            except Exception as exc:
+                log.warning("taking the Pulsar lease %s failed: %s: %s",
+                            self._lease_key, type(exc).__name__, exc)  # fmt: skip
+            await asyncio.sleep(STANDBY_POLL)
+        if self._lease is None:
+            return
+        if self._closed:
+            await self._blocking(self._lease.close)
+            return
+        if waited:
+            log.info("took the lease of group %s (%s)", self.group, self._lease_key)
+        with self._cond:
+            self._lease_until = math.inf
+            self._to_assign = parts
+            self._cond.notify_all()
+        down_since: float | None = None
+        while not self._closed:
+            await asyncio.sleep(LEASE_CHECK)
+            if self._closed:
+                return
+            if self._lease.is_connected():
+                if down_since is not None:  # reconnected: nobody else holds it now
+                    log.info("the Pulsar lease %s is connected again", self._lease_key)
+                    down_since = None
+                    with self._cond:
+                        self._lease_until = math.inf
+                        self._cond.notify_all()
+                continue
+            now = time.monotonic()
+            if down_since is None:  # in doubt: nothing is handed out
+                down_since = now
+                log.warning(
+                    "the Pulsar lease %s disconnected; handing nothing out until it "
+                    "reconnects (%g s at most)", self._lease_key, self.lease_grace,
+                )  # fmt: skip
+                with self._cond:
+                    self._lease_until = 0.0
+            elif now - down_since >= self.lease_grace:
+                log.warning("the Pulsar lease %s was lost: disconnected for %g s",
+                            self._lease_key, self.lease_grace)  # fmt: skip
+                with self._cond:
+                    self._lease_lost = True
+                    self._lease_until = 0.0
+                    self._cond.notify_all()
+                return
+
+    async def _watermarks_of(self, tp: TP) -> tuple[int, int]:
+        marks = await self._blocking(self.admin.watermarks, *tp)
+        self._watermarks[tp] = marks
+        return marks
+
+    async def _read_commits(self, tps: Iterable[TP]) -> dict[TP, tuple[int, str | None]]:
+        wanted = list(tps)
+        out: dict[TP, tuple[int, str | None]] = {}
+        for topic in dict.fromkeys(t for t, _p in wanted):
+            name = commits_topic(self.group, topic)
+            if not await self._blocking(_plain_exists, self.admin, name):
+                continue
+            stored = decode_commits(await self._blocking(read_all, self._client, name))
+            for t, p in wanted:
+                if t == topic and p in stored:
+                    out[(t, p)] = stored[p]
+        return out
+
+    def _commit_producer_of(self, topic: str) -> Any:
+        """The producer of ``topic``'s commit topic (created, with its compaction
+        policy, on first use)."""
+        name = commits_topic(self.group, topic)
+        if self._commit_producer is None or self._commit_topic != name:
+            self.admin.create_plain(name)
+            try:
+                self.admin.compact_above(name, COMMITS_COMPACTION)
+            except RuntimeFailure as exc:
+                log.warning("the commit topic %s will not be compacted: %s", name, exc.line())
+            if self._commit_producer is not None:
+                self._commit_producer.close()
+            self._commit_producer = self._client.create_producer(
+                name, batching_enabled=False, block_if_queue_full=True,
+            )  # fmt: skip
+            self._commit_topic = name
+        return self._commit_producer
+
+    async def _store_commits(self, parts: Sequence[KafkaTP]) -> None:
+        """Send each commit to the commit topic, keyed by partition, and return once
+        the broker confirmed every one (persisted): the outcome the core hears.
+
+        :raises RuntimeError: the broker refused one."""
+        import pulsar
+
+        assert self._commit_lock is not None
+        loop = asyncio.get_running_loop()
+        async with self._commit_lock:  # FIFO: commits are stored in the order asked
+            sent: list[asyncio.Future[Any]] = []
+            for p in parts:
+                producer = await self._blocking(self._commit_producer_of, p.topic)
+                done: asyncio.Future[Any] = loop.create_future()
+
+                def confirmed(res: Any, _mid: Any, done: asyncio.Future[Any] = done) -> None:
+                    with contextlib.suppress(RuntimeError):  # the loop closed
+                        loop.call_soon_threadsafe(_settle, done, res)
+
+                producer.send_async(
+                    encode_commit(p.partition, p.offset, p.metadata or None), confirmed,
+                    partition_key=str(p.partition),
+                )  # fmt: skip
+                sent.append(done)
+            for done in sent:
+                res = await asyncio.wait_for(done, CALL_TIMEOUT)
+                if res != pulsar.Result.Ok:
+                    raise RuntimeError(f"Pulsar refused a commit: {res}")
+
+    async def _close(self) -> None:
+        # Every generation ended (close): the pumps close their readers and return.
+        pumps = list(self._pumps)
+        if pumps:
+            await asyncio.wait(pumps, timeout=3)
+        for task in pumps:
+            task.cancel()
+        if self._commit_lock is not None:  # the commits asked for before close are stored
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._commit_lock.acquire(), 5)
+        for closable in (self._commit_producer, self._lease):
+            if closable is not None:  # a standby takes the lease over at once
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._blocking(closable.close), 5)
+        for client in (self._client, self._lease_client):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._blocking(client.close), 5)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _settle(done: asyncio.Future[Any], result: Any) -> None:
+    if not done.done():
+        done.set_result(result)
+
+
+class _Fetch:
+    """A reader's fetch state (one session): the last message id handed out, the
+    session's start offset and the offset mapper. :meth:`read` runs on the pool."""
+
+    def __init__(self, topic: str, partition: int, start: int, mapper: OffsetMapper) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.start = start
+        self.mapper = mapper
+        #: ``(ledger, entry, batch index)`` of the last message taken.
+        self.last: tuple[int, int, int] | None = None
+
+    def read(self, reader: Any, want: int) -> list[PulsarMessage]:
+        """Up to ``want`` messages: the first waits :data:`READ_WAIT_MS` at most,
+        the rest only take what the reader holds. A redelivered id at or below the
+        last one taken is dropped before the mapper sees it; so is a message below
+        the session's start (the rest of an entry read from its first message)."""
+        import pulsar
+
+        out: list[PulsarMessage] = []
+        wait = READ_WAIT_MS
+        while len(out) < want:
+            try:
+                msg = reader.read_next(wait)
+            except pulsar.Timeout:
+                break
+            wait = 0
+            mid = msg.message_id()
+            here = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
+            if self.last is not None and here <= self.last:
+                continue  # delivered again (a reconnect)
+            self.last = here
+            offset = self.mapper.offset(*here)
+            if offset < self.start:
+                continue
+            out.append(convert(self.topic, self.partition, offset, msg))
+        return out
+
+
+# -- topics, producing, dead letters -------------------------------------------------------------
+
+
+class PulsarClient:
+    """A blocking client of a broker (admin and producing): a ``pulsar.Client`` and
+    its :class:`PulsarAdmin`."""
+
+    def __init__(self, bootstrap: str, connect_seconds: float = 10.0) -> None:
+        self.endpoint = endpoint_of(bootstrap)
+        self.admin = PulsarAdmin(self.endpoint.admin_url)
+        self.client: Any = new_client(self.endpoint, connect_seconds)
+
+    def partitions(self, topic: str) -> int:
+        """Partitions of ``topic`` (0: no such partitioned topic)."""
+        return self.admin.partitions(topic)
+
+    def create_topic(self, topic: str, partitions: int) -> None:
+        """Create the partitioned topic ``topic`` (kept if it exists)."""
+        check_name("topic", topic)
+        self.admin.create_partitioned(topic, partitions)
+
+    def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
+        """``(low, high)`` of a partition (:meth:`PulsarAdmin.watermarks`)."""
+        return self.admin.watermarks(topic, partition)
+
+    def committed(self, group: str, topic: str, partition: int) -> int | None:
+        """The group's committed offset of a partition (at-least-once), or ``None``."""
+        name = commits_topic(group, topic)
+        if not _plain_exists(self.admin, name):
+            return None
+        got = decode_commits(read_all(self.client, name)).get(partition)
+        return None if got is None else got[0]
+
+    def commit_metadata(self, group: str, topic: str, partition: int) -> str | None:
+        """The metadata of the group's last commit of a partition, or ``None``."""
+        name = commits_topic(group, topic)
+        if not _plain_exists(self.admin, name):
+            return None
+        got = decode_commits(read_all(self.client, name)).get(partition)
+        return None if got is None else got[1]
+
+    def read(self, topic: str) -> list[Any]:
+        """Every message of the non-partitioned ``topic`` now, as ``pulsar.Message``."""
+        import pulsar
+
+        reader = self.client.create_reader(
+            f"persistent://{topic_path(topic)}", pulsar.MessageId.earliest,
+            start_message_id_inclusive=True,
+        )  # fmt: skip
+        try:
+            out = []
+            while reader.has_message_available():
+                out.append(reader.read_next(10_000))
+            return out
+        finally:
+            reader.close()
+
+    def publish_many(self, topic: str, partitions: int, records: Iterable[tuple[int, Any]]) -> int:
+        """Publish ``(partition, (value, key, properties))`` records of ``topic`` in
+        order (batched) and wait until every one is confirmed; return the count.
+
+        :raises RuntimeFailure: a message was refused."""
+        import pulsar
+
+        producers = [
+            self.client.create_producer(
+                partition_topic(topic, p), batching_enabled=True, batching_max_messages=100,
+                batching_max_publish_delay_ms=5, block_if_queue_full=True,
+            )
+            for p in range(partitions)
+        ]
+        failed: list[Any] = []
+        n = 0
+
+        def sent(res: Any, _mid: Any) -> None:
+            if res != pulsar.Result.Ok:
+                failed.append(res)
+
+        try:
+            for partition, (value, key, props) in records:
+                producers[partition].send_async(
+                    value, sent, properties=props, partition_key=key
+                )
+                n += 1
+            for producer in producers:
+                producer.flush()
+        finally:
+            for producer in producers:
+                with contextlib.suppress(Exception):
+                    producer.close()
+        if failed:
+            raise RuntimeFailure(f"Pulsar refused {len(failed)} messages: {failed[0]}", "retry")
+        return n
+
+    def close(self) -> None:
+        """Close the client."""
+        with contextlib.suppress(Exception):
+            self.client.close()
+
+
+def _plain_exists(admin: PulsarAdmin, topic: str) -> bool:
+    try:
+        admin._get(f"{topic_path(topic)}/internalStats")
+    except AdminError as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+def produce(
+    bootstrap: str,
+    topic: str,
+    count: int,
+    *,
+    partitions: int,
+    keys: int = 100,
+    size: int = 100,
+    start_id: int = 0,
+    client: PulsarClient | None = None,
+) -> int:
+    """Write ``count`` numbered messages (:mod:`htmqc.produce`'s format: key
+    ``k{i % keys}``, value the zero-padded id, the id property) to ``topic``, creating
+    it with ``partitions`` partitions if missing. Message ``i`` goes to partition
+    ``i % partitions``. Returns ``count``."""
+    from htmqc.produce import ID_HEADER, message_key, message_value
+
+    own = client is None
+    pc = client or PulsarClient(bootstrap)
+    try:
+        pc.create_topic(topic, partitions)
+
+        def records() -> Iterable[tuple[int, Any]]:
+            for i in range(start_id, start_id + count):
+                key = message_key(i, keys)
+                yield i % partitions, (
+                    message_value(i, size), None if key is None else _text(key),
+                    {ID_HEADER: str(i)},
+                )  # fmt: skip
+
+        return pc.publish_many(topic, partitions, records())
+    finally:
+        if own:
+            pc.close()
+
+
+class PulsarProducer(Deliveries):
+    """The dead-letter producer of a Pulsar source (:class:`~htmqc.ports.ProducerPort`):
+    ``produce(TOPIC.dlq, ...)`` publishes to the non-partitioned topic ``TOPIC.dlq``
+    (or ``TOPIC.dlq.poison``), created on first use; ``flush`` waits for the broker's
+    confirmations."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        super().__init__()
+        self.client = PulsarClient(bootstrap)
+        self._producers: dict[str, Any] = {}
+
+    def produce(self, topic: str, *args: Any, **kwargs: Any) -> None:
+        """Publish ``value`` (``key`` as the partition key, ``headers`` as properties)
+        to ``topic``; ``on_delivery(err, None)`` once confirmed."""
+        import pulsar
+
+        producer = self._producers.get(topic)
+        if producer is None:
+            self.client.admin.create_plain(topic)
+            producer = self._producers[topic] = self.client.client.create_producer(
+                f"persistent://{topic_path(topic)}", batching_enabled=False,
+                block_if_queue_full=True,
+            )  # fmt: skip
+        value = kwargs.get("value", args[0] if args else None)
+        key = kwargs.get("key")
+        props = {name: _text(v) for name, v in (kwargs.get("headers") or [])}
+        future: Future[None] = Future()
+
+        def sent(res: Any, _mid: Any) -> None:
+            if res == pulsar.Result.Ok:
+                future.set_result(None)
+            else:
+                future.set_exception(RuntimeError(f"Pulsar refused a message to {topic}: {res}"))
+
+        producer.send_async(
+            value or b"", sent, properties=props or None,
+            partition_key=None if key is None else _text(key),
+        )  # fmt: skip
+        self.track(future, kwargs.get("on_delivery"))
+
+    def close(self) -> None:
+        """Close the producers and the client."""
+        for producer in self._producers.values():
+            with contextlib.suppress(Exception):
+                producer.close()
+        self.client.close()

@@ -183,6 +183,12 @@ class PulsarServer:
         return f"pulsar://{HOST}:{self.broker_port}"
 
     @property
+    def bootstrap(self) -> str:
+        """``--bootstrap`` of ``htmqc run --source pulsar``: the client URL with the
+        admin port (``pulsar://127.0.0.1:PORT?admin-port=PORT``)."""
+        return f"{self.url}?admin-port={self.web_port}"
+
+    @property
     def admin_url(self) -> str:
         """The admin (HTTP) service URL."""
         return f"http://{HOST}:{self.web_port}"

@@ -1,0 +1,343 @@
+"""The Apache Pulsar adapter (:class:`htmqc.sources.pulsar.PulsarConsumer`) against a
+private standalone broker (:mod:`htmqc.sources.pulsar_server`): offsets dense per
+partition from the broker-entry index (batched and not, across a new ledger), keys and
+headers, watermarks; a seek inside a batch and past the end (then new messages); the
+redelivery filter (a reader that delivers again after a reconnect); commits with their
+metadata in the commit topic, reported only once the broker confirmed them; the lease
+(an Exclusive subscription: a standby takes over when the holder goes, a member whose
+subscription stays disconnected stops, an unload is survived); dead letters; refusals
+in one line. Run-level evidence is in ``test_pulsar_run.py``; seek, pause and ordered
+commits, shared with NATS and RabbitMQ, in ``test_source_contract.py``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from confluent_kafka import TopicPartition as KafkaTP
+
+from htmqc.errors import RuntimeFailure, UsageError
+from htmqc.produce import ID_HEADER, parse_id
+from htmqc.sources.pulsar import (
+    Endpoint,
+    EntryLookup,
+    OffsetMapper,
+    PulsarClient,
+    PulsarConsumer,
+    PulsarProducer,
+    _Fetch,
+    endpoint_of,
+    produce,
+)
+from htmqc.sources.pulsar_server import PulsarServer
+from tests.sources.support import assign_at, drain
+from tests.sources.test_pulsar_offsets import Log, model
+
+pytestmark = pytest.mark.slow
+
+
+def test_offsets_are_dense_per_partition_with_keys_headers_and_watermarks(
+    pulsar_server: PulsarServer, client: PulsarClient, topic_name: Callable[[], str]
+) -> None:
+    topic = topic_name()
+    produce(pulsar_server.bootstrap, topic, 300, partitions=3, client=client)
+    consumer = PulsarConsumer(pulsar_server.bootstrap, "g")
+    assigned: list[list[KafkaTP]] = []
+    try:
+
+        def on_assign(c: Any, parts: list[KafkaTP]) -> None:
+            assigned.append(parts)
+            assign_at({})(c, parts)
+
+        consumer.subscribe([topic], on_assign=on_assign)
+        got = drain(consumer, 300)
+        assert len(assigned) == 1, "one member: one assignment of every partition"
+        assert sorted(p.partition for p in assigned[0]) == [0, 1, 2]
+        by: dict[int, list[int]] = {}
+        for msg in got:
+            by.setdefault(msg.partition(), []).append(msg.offset())
+            ident = parse_id(msg.value())  # message i: partition i % 3, offset i // 3
+            assert (ident % 3, ident // 3) == (msg.partition(), msg.offset())
+            assert msg.key() == f"k{ident % 100}".encode()
+            assert (ID_HEADER, str(ident).encode()) in (msg.headers() or [])
+            assert msg.topic() == topic and msg.error() is None
+            assert msg.timestamp()[1] > 1_600_000_000_000
+        assert by == {p: list(range(100)) for p in range(3)}
+        positions = consumer.position([KafkaTP(topic, p) for p in range(3)])
+        assert [p.offset for p in positions] == [100] * 3
+        assert consumer.get_watermark_offsets(KafkaTP(topic, 1)) == (0, 100)
+    finally:
+        consumer.close()
+
+
+def test_a_seek_inside_a_batch_and_past_the_end_then_new_messages(
+    pulsar_server: PulsarServer, client: PulsarClient, topic_name: Callable[[], str]
+) -> None:
+    topic = topic_name()
+    produce(pulsar_server.bootstrap, topic, 250, partitions=1, client=client)
+    consumer = PulsarConsumer(pulsar_server.bootstrap, "g")
+    try:
+        consumer.subscribe([topic], on_assign=assign_at({0: 250}))  # the log end
+        assert drain(consumer, 1, timeout=1.5) == [], "nothing at or past the end yet"
+        produce(pulsar_server.bootstrap, topic, 50, partitions=1, start_id=250, client=client)
+        got = drain(consumer, 50)
+        assert [m.offset() for m in got] == list(range(250, 300)), "none skipped, none again"
+        assert [parse_id(m.value()) for m in got] == list(range(250, 300))
+        for at in (137, 0, 299):  # batches of up to 100: 137 is inside one
+            consumer.seek(KafkaTP(topic, 0, at))
+            got = drain(consumer, 300 - at)
+            assert [m.offset() for m in got] == list(range(at, 300))
+            assert [parse_id(m.value()) for m in got] == list(range(at, 300))
+    finally:
+        consumer.close()
+
+
+def model_lookup(log: Log) -> EntryLookup:
+    """The broker-entry index of a model partition's entries."""
+    entries = model(log)
+    return lambda ledger, entry: entries[(ledger, entry)]
+
+
+class _Redelivering:
+    """A reader that delivers ``ids`` in order (some again), then times out."""
+
+    def __init__(self, ids: list[tuple[int, int, int]]) -> None:
+        self.ids = list(ids)
+
+    def read_next(self, _timeout: int) -> Any:
+        import pulsar
+
+        if not self.ids:
+            raise pulsar.Timeout()
+        return _Msg(self.ids.pop(0))
+
+
+class _Msg:
+    def __init__(self, mid: tuple[int, int, int]) -> None:
+        self.mid = mid
+
+    def message_id(self) -> Any:
+        ledger, entry, batch = self.mid
+
+        class Id:
+            def ledger_id(self) -> int:
+                return ledger
+
+            def entry_id(self) -> int:
+                return entry
+
+            def batch_index(self) -> int:
+                return batch
+
+        return Id()
+
+    def partition_key(self) -> str:
+        return ""
+
+    def properties(self) -> dict[str, str]:
+        return {}
+
+    def data(self) -> bytes:
+        return repr(self.mid).encode()
+
+    def publish_timestamp(self) -> int:
+        return 1_700_000_000_000
+
+
+def test_a_redelivered_id_is_dropped_before_the_mapper_sees_it() -> None:
+    # Ledger 5: entries 0 (one message), 1 (a batch of 3), 2 (one). After a reconnect
+    # the reader delivers entry 1 again from its start, then goes on.
+    ids = [(5, 0, -1), (5, 1, 0), (5, 1, 1), (5, 1, 0), (5, 1, 1), (5, 1, 2), (5, 2, -1)]
+    fetch = _Fetch("t", 0, 0, OffsetMapper(model_lookup([(5, [1, 3, 1])])))
+    got = fetch.read(_Redelivering(ids), 100)
+    assert [m.offset() for m in got] == [0, 1, 2, 3, 4]
+    assert [m.value() for m in got] == [repr(i).encode() for i in ids[:3] + ids[5:]]
+
+
+def test_messages_below_the_start_of_a_session_are_not_handed_out() -> None:
+    # A read from offset 3 that starts at its entry's first message (offset 1).
+    fetch = _Fetch("t", 0, 3, OffsetMapper(model_lookup([(5, [1, 3, 1])])))
+    got = fetch.read(_Redelivering([(5, 1, 0), (5, 1, 1), (5, 1, 2), (5, 2, -1)]), 100)
+    assert [m.offset() for m in got] == [3, 4]
+
+
+def test_commits_keep_their_metadata_and_survive_a_broker_restart(
+    pulsar_server: PulsarServer, client: PulsarClient, topic_name: Callable[[], str]
+) -> None:
+    topic = topic_name()
+    produce(pulsar_server.bootstrap, topic, 10, partitions=2, client=client)
+    consumer = PulsarConsumer(pulsar_server.bootstrap, "gc")
+    try:
+        done = consumer.commit(
+            offsets=[KafkaTP(topic, 0, 3, metadata="finished:5,6"), KafkaTP(topic, 1, 2)],
+            asynchronous=False,
+        )
+        assert [(p.partition, p.offset) for p in done] == [(0, 3), (1, 2)]
+    finally:
+        consumer.close()
+    pulsar_server.restart()  # an orderly restart: the commit topic is kept
+    assert client.committed("gc", topic, 0) == 3
+    assert client.commit_metadata("gc", topic, 0) == "finished:5,6"
+    again = PulsarConsumer(pulsar_server.bootstrap, "gc")
+    try:
+        got = again.committed([KafkaTP(topic, 0), KafkaTP(topic, 1)])
+        assert [(p.offset, p.metadata) for p in got] == [(3, "finished:5,6"), (2, None)]
+        again.subscribe([topic])  # assigned without offsets: at the commits
+        got_msgs = drain(again, 6)
+        assert sorted((m.partition(), m.offset()) for m in got_msgs) == [
+            (0, 3), (0, 4), (1, 2), (1, 3), (1, 4)
+        ]
+    finally:
+        again.close()
+
+
+def test_a_commit_is_reported_only_once_the_broker_confirmed_it(
+    pulsar_server: PulsarServer, client: PulsarClient, topic_name: Callable[[], str]
+) -> None:
+    topic = topic_name()
+    produce(pulsar_server.bootstrap, topic, 10, partitions=1, client=client)
+    acks: list[Any] = []
+    consumer = PulsarConsumer(
+        pulsar_server.bootstrap, "gk", on_commit=lambda e, p: acks.append((e, p))
+    )
+    assert pulsar_server.process is not None
+    pid = pulsar_server.process.pid
+    try:
+        consumer.commit(offsets=[KafkaTP(topic, 0, 1)], asynchronous=False)  # the topic exists
+        os.kill(pid, signal.SIGSTOP)  # a broker that answers nothing: no confirmation
+        try:
+            consumer.commit(offsets=[KafkaTP(topic, 0, 7, metadata="m")])
+            deadline = time.monotonic() + 3
+            while time.monotonic() < deadline:
+                consumer.consume(10, 0.1)
+            assert acks == [], "a commit was reported before the broker confirmed it"
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        deadline = time.monotonic() + 30
+        while not acks and time.monotonic() < deadline:
+            consumer.consume(10, 0.1)
+        assert [(e, [p.offset for p in parts]) for e, parts in acks] == [(None, [7])]
+        assert client.committed("gk", topic, 0) == 7
+    finally:
+        consumer.close()
+
+
+def test_a_second_member_waits_as_a_standby_and_takes_over_when_the_first_goes(
+    pulsar_server: PulsarServer, client: PulsarClient, topic_name: Callable[[], str]
+) -> None:
+    topic = topic_name()
+    produce(pulsar_server.bootstrap, topic, 20, partitions=2, client=client)
+    first = PulsarConsumer(pulsar_server.bootstrap, "g")
+    second = PulsarConsumer(pulsar_server.bootstrap, "g")
+    try:
+        first.subscribe([topic], on_assign=assign_at({}))
+        assert len(drain(first, 20)) == 20
+        second.subscribe([topic], on_assign=assign_at({}))
+        assert drain(second, 1, timeout=1.5) == [], "the standby gets nothing"
+        first.close()
+        began = time.monotonic()
+        assert len(drain(second, 20)) == 20
+        assert time.monotonic() - began < 5, "the subscription went with the consumer"
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_member_whose_lease_stays_disconnected_stops(
+    pulsar_server: PulsarServer, client: PulsarClient, topic_name: Callable[[], str]
+) -> None:
+    topic = topic_name()
+    produce(pulsar_server.bootstrap, topic, 10, partitions=1, client=client)
+    consumer = PulsarConsumer(pulsar_server.bootstrap, "gl", lease_grace=1.0)
+    try:
+        consumer.subscribe([topic], on_assign=assign_at({}))
+        assert len(drain(consumer, 10)) == 10
+        pulsar_server.restart()  # the lease's connection goes: another member may take it
+        with pytest.raises(RuntimeFailure, match=r"lease of group 'gl' .* was lost") as info:
+            drain(consumer, 1, timeout=10)
+        assert "\n" not in info.value.line()
+    finally:
+        consumer.close()
+
+
+def test_unloaded_partitions_reconnect_without_a_repeat_or_a_skip(
+    pulsar_server: PulsarServer, client: PulsarClient, topic_name: Callable[[], str]
+) -> None:
+    """A topic unload (what Pulsar's load balancer does) disconnects the readers and
+    the lease subscription; both reconnect within the lease's grace and the member
+    goes on."""
+    topic = topic_name()
+    produce(pulsar_server.bootstrap, topic, 400, partitions=2, client=client)
+    consumer = PulsarConsumer(pulsar_server.bootstrap, "gu")
+    try:
+        consumer.subscribe([topic], on_assign=assign_at({}))
+        got = drain(consumer, 150)
+        for _ in range(3):
+            pulsar_server.admin("PUT", f"/v2/persistent/public/default/{topic}/unload")
+            got += drain(consumer, 50)
+        produce(pulsar_server.bootstrap, topic, 200, partitions=2, start_id=400, client=client)
+        got += drain(consumer, 600 - len(got), timeout=30)
+        for p in range(2):
+            offsets = [m.offset() for m in got if m.partition() == p]
+            assert offsets == list(range(300)), f"partition {p}"
+        assert sorted(parse_id(m.value()) for m in got) == list(range(600))
+    finally:
+        consumer.close()
+
+
+def test_dead_letters_go_to_their_own_topics(
+    pulsar_server: PulsarServer, client: PulsarClient, topic_name: Callable[[], str]
+) -> None:
+    topic = topic_name()
+    producer = PulsarProducer(pulsar_server.bootstrap, topic)
+    outcomes: list[Any] = []
+    try:
+        producer.produce(
+            f"{topic}.dlq", value=b"v", key=b"k", headers=[("why", b"boom")],
+            on_delivery=lambda err, _m: outcomes.append(err),
+        )  # fmt: skip
+        producer.produce(f"{topic}.dlq.poison", value=b"p", key=None, headers=None)
+        assert producer.flush(10) == 0
+    finally:
+        producer.close()
+    assert outcomes == [None]
+    letters = client.read(f"{topic}.dlq")
+    assert [(m.data(), m.partition_key(), m.properties()) for m in letters] == [
+        (b"v", "k", {"why": "boom"})
+    ]
+    assert [m.data() for m in client.read(f"{topic}.dlq.poison")] == [b"p"]
+
+
+def test_subscribe_refuses_a_missing_topic_and_a_second_topic(
+    pulsar_server: PulsarServer,
+) -> None:
+    consumer = PulsarConsumer(pulsar_server.bootstrap, "g")
+    try:
+        with pytest.raises(UsageError, match=r"has no streams .*nope-partition-0"):
+            consumer.subscribe(["nope"])
+        with pytest.raises(UsageError, match="consumes one topic"):
+            consumer.subscribe(["a", "b"])
+    finally:
+        consumer.close()
+
+
+def test_an_unreachable_broker_is_one_line() -> None:
+    with pytest.raises(RuntimeFailure, match="cannot reach Pulsar") as info:
+        PulsarConsumer("pulsar://127.0.0.1:1?admin-port=2", "g", connect_seconds=0.5)
+    assert "\n" not in info.value.line()
+
+
+def test_bootstrap_urls() -> None:
+    assert endpoint_of("pulsar://h:1") == Endpoint("pulsar://h:1", "http://h:8080", "h", 1)
+    assert endpoint_of("pulsar://h?admin-port=9") == Endpoint(
+        "pulsar://h:6650", "http://h:9", "h", 6650
+    )
+    assert endpoint_of("pulsar://h:1?admin=https://a:4").admin_url == "https://a:4"
+    for bad in ("nats://h:1", "h:1", "", "pulsar://h:x", "pulsar://h?admin-port=x",
+                "pulsar://h?admin=ftp://a"):  # fmt: skip
+        with pytest.raises(UsageError):
+            endpoint_of(bad)
