@@ -33,7 +33,7 @@ from tests.runtime.test_run_broker import (
     htmqc_run,
     wait_for,
 )
-from tests.sources.support import HANDLERS, positions
+from tests.sources.support import HANDLERS, check_traces, positions, traced
 
 pytestmark = pytest.mark.slow
 
@@ -53,18 +53,22 @@ def test_at_least_once_across_sigkill_a_standby_takes_over_and_loses_nothing(
     produce(url, topic, n, partitions=4, client=client)
     out1, out2 = tmp_path / "first.txt", tmp_path / "second.txt"
     log1, log2 = tmp_path / "first.log", tmp_path / "second.log"
+    trace1, trace2 = tmp_path / "first.trace", tmp_path / "second.trace"
     args = [f"{HANDLERS}:log_order", *pulsar("--group", group)]
 
     def committed() -> int:
         return sum(client.committed(group, topic, p) or 0 for p in range(4))
 
-    first = htmqc_run(url, topic, *args, env={"HTMQC_TEST_OUT": str(out1)}, log=log1)
+    first = htmqc_run(
+        url, topic, *args, *traced(trace1), env={"HTMQC_TEST_OUT": str(out1)}, log=log1
+    )
     second = None
     try:
         wait_for(lambda: committed() >= 200, 60, "the first commits")
         second = htmqc_run(
-            url, topic, *args, "--idle-exit", "2", env={"HTMQC_TEST_OUT": str(out2)}, log=log2
-        )
+            url, topic, *args, *traced(trace2), "--idle-exit", "2",
+            env={"HTMQC_TEST_OUT": str(out2)}, log=log2,
+        )  # fmt: skip
         wait_for(lambda: "waiting as a standby" in log2.read_text(), 30, "the standby")
         wait_for(lambda: committed() >= 1600, 60, "more commits")
     finally:
@@ -74,6 +78,7 @@ def test_at_least_once_across_sigkill_a_standby_takes_over_and_loses_nothing(
     assert not out2.exists() or out2.stat().st_size > 0
     audit_sigkill_restart(out1, out2, log2, topic, n)
     assert committed() == n
+    check_traces("at-least-once", trace1, trace2)
 
 
 def test_at_least_once_dead_letters_go_to_a_dlq_topic(
