@@ -247,6 +247,31 @@ def test_a_second_member_waits_as_a_standby_and_takes_over_when_the_first_goes(
         second.close()
 
 
+def test_the_lease_holds_no_backlog_of_the_topic(
+    pulsar_server: PulsarServer, client: PulsarClient, topic_name: Callable[[], str]
+) -> None:
+    """The lease is a subscription on an empty topic of its own: the consumed
+    topic gets no durable subscription that would keep all its messages."""
+    import json
+
+    from htmqc.sources.pulsar import PulsarAdmin, lease_topic, topic_path
+
+    topic = topic_name()
+    produce(pulsar_server.bootstrap, topic, 50, partitions=2, client=client)
+    consumer = PulsarConsumer(pulsar_server.bootstrap, "g-backlog")
+    admin = PulsarAdmin(endpoint_of(pulsar_server.bootstrap).admin_url)
+    try:
+        consumer.subscribe([topic], on_assign=assign_at({}))
+        assert len(drain(consumer, 50)) == 50
+        stats = json.loads(admin._get(f"{topic_path(topic)}/partitioned-stats")[0])
+        assert "g-backlog" not in stats.get("subscriptions", {})
+        lease = lease_topic("g-backlog", topic).removeprefix("persistent://")
+        held = json.loads(admin._get(f"{lease}/stats")[0])["subscriptions"]["g-backlog"]
+        assert held["msgBacklog"] == 0 and held["type"] == "Exclusive"
+    finally:
+        consumer.close()
+
+
 def test_a_member_whose_lease_stays_disconnected_stops(
     pulsar_server: PulsarServer, client: PulsarClient, topic_name: Callable[[], str]
 ) -> None:

@@ -79,11 +79,12 @@ Kafka, NATS and RabbitMQ; the commit topic is not used. ``pulsar-client`` (Pytho
 no transaction API, so no ``kafka:``-like sink exists for Pulsar.
 
 *Group membership.* One member of a group consumes a topic: it holds the **lease**, the
-durable ``Exclusive`` subscription named after the group on the partitioned topic
-(:meth:`PulsarConsumer._hold_lease`, on a client connection of its own whose C++ log is
-discarded; it never receives more than one prefetched message per partition and
-acknowledges nothing). A second member is refused it
-(``ConsumerBusy``) and waits as a standby, subscribing again every
+durable ``Exclusive`` subscription named after the group on the empty topic
+``htmqc.lease.GROUP.T`` in ``T``'s namespace (:func:`lease_topic`;
+:meth:`PulsarConsumer._hold_lease`, on a client connection of its own whose C++ log is
+discarded). Nothing is published there, so the subscription holds no backlog; a
+subscription on ``T`` itself would keep every message of ``T`` unacknowledged. A
+second member is refused it (``ConsumerBusy``) and waits as a standby, subscribing again every
 :data:`STANDBY_POLL` s; the broker drops an exclusive consumer with its connection, so
 ``close``, a crash and a SIGKILL hand over at once. Once held, ``on_assign`` gets every
 partition, inside a ``consume``; nothing is ever revoked. The lease is checked every
@@ -102,9 +103,6 @@ message properties are the headers, as ``(name, bytes)``.
 
 Not done
 --------
-* No acknowledgement on the lease subscription: it holds every message of the topic
-  from its creation on (nothing is lost to trimming, and nothing is freed: set a
-  retention policy, and expect the subscription's backlog to grow).
 * One member per group and topic (no ``Failover`` sharing of partitions: the Python
   client has no callbacks for its changes); topics in ``public/default`` only (names
   are plain); no TLS or authentication options.
@@ -457,11 +455,24 @@ def endpoint_of(bootstrap: str) -> Endpoint:
     return Endpoint(f"{SCHEME}://{url.hostname}:{port}", admin, url.hostname, port)
 
 
+def _group_topic(kind: str, group: str, topic: str) -> str:
+    """``persistent://NS/htmqc.KIND.GROUP.NAME``: a topic of htmqc's own for
+    ``group`` on ``topic``, in ``topic``'s namespace."""
+    namespace, name = topic_path(topic).rsplit("/", 1)
+    return f"persistent://{namespace}/htmqc.{kind}.{group}.{name}"
+
+
 def commits_topic(group: str, topic: str) -> str:
     """The compacted topic of a group's at-least-once commits of ``topic`` (one
     message per commit, keyed by partition), in ``topic``'s namespace."""
-    namespace = topic_path(topic).rsplit("/", 1)[0]
-    return f"persistent://{namespace}/htmqc.offsets.{group}.{topic_path(topic).rsplit('/', 1)[1]}"
+    return _group_topic("offsets", group, topic)
+
+
+def lease_topic(group: str, topic: str) -> str:
+    """The empty topic whose ``Exclusive`` subscription named after the group is
+    the group's lease on ``topic`` (nothing is ever published to it, so the
+    subscription holds no backlog)."""
+    return _group_topic("lease", group, topic)
 
 
 def encode_commit(partition: int, offset: int, metadata: str | None) -> bytes:
@@ -739,15 +750,14 @@ class PulsarConsumer(PumpedConsumer):
         import pulsar
 
         return self._lease_client.subscribe(
-            f"persistent://{topic_path(topic)}", self.group,
+            lease_topic(self.group, topic), self.group,
             consumer_type=pulsar.ConsumerType.Exclusive,
-            initial_position=pulsar.InitialPosition.Earliest,
-            receiver_queue_size=1, max_total_receiver_queue_size_across_partitions=1,
+            receiver_queue_size=1,
             consumer_name=f"htmqc-{socket.gethostname()}-{os.getpid()}",
         )  # fmt: skip
 
     async def _hold_lease(self, parts: list[KafkaTP]) -> None:
-        """Take the Exclusive subscription named after the group on the topic
+        """Take the Exclusive subscription named after the group on the lease topic
         (waiting as a standby while another member holds it), hand ``parts`` to the
         next :meth:`consume`, then watch it every :data:`LEASE_CHECK` s until
         :meth:`close`: while it is not connected nothing is handed out (another
