@@ -21,6 +21,7 @@ Results are appended to ``build/mutation/results.jsonl`` as they come, so
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -103,13 +104,18 @@ class Baseline:
     def covers(self, command: Command, mutant: Mutant) -> bool:
         """Whether ``command`` executes a line of the node ``mutant`` changed (True if
         not measured). The node's lines, not only the changed ones: the first line
-        of a multi-line condition (``if (``) holds no bytecode of its own."""
+        of a multi-line condition (``if (``) holds no bytecode of its own. A node
+        with no bytecode on any of its lines (a parameter list's ``*,`` line: it
+        takes effect when its ``def`` runs) cannot be seen by coverage, so every
+        check runs for it."""
         measured = self.lines.get(argv_key(command))
         if measured is None:
             return True
-        executed = measured.get(mutant.file, frozenset())
         first = min(mutant.line, mutant.node_lines[0])
         last = max(mutant.last_line, mutant.node_lines[1])
+        if not bytecode_lines(ROOT / mutant.file) & set(range(first, last + 1)):
+            return True
+        executed = measured.get(mutant.file, frozenset())
         return any(n in executed for n in range(first, last + 1))
 
 
@@ -131,6 +137,24 @@ class Baseline:
             return command
         return replace(command, argv=(*_options(command.argv),
                                       *(str(ROOT / f) for f in sorted(chosen))))
+
+
+@functools.cache
+def bytecode_lines(path: Path) -> frozenset[int]:
+    """The lines of ``path`` that some bytecode is attributed to (what coverage
+    can report as executed), from its compiled code objects; none if it does
+    not compile."""
+    try:
+        code = compile(path.read_text(), str(path), "exec")
+    except (OSError, SyntaxError):
+        return frozenset()
+    lines: set[int] = set()
+    todo = [code]
+    while todo:
+        current = todo.pop()
+        lines.update(line for _, _, line in current.co_lines() if line is not None)
+        todo.extend(c for c in current.co_consts if isinstance(c, type(code)))
+    return frozenset(lines)
 
 
 def argv_key(command: Command) -> str:

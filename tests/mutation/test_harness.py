@@ -128,9 +128,13 @@ def test_contracts_are_not_mutated(tmp_path: Path) -> None:
     assert {m.function for m in generated.mutants} == {"g"}
 
 
-def test_a_check_runs_when_it_executes_any_line_of_the_mutated_node() -> None:
+def test_a_check_runs_when_it_executes_any_line_of_the_mutated_node(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     check = config.KILL_CHECKS[1]
     base = kill.Baseline({}, {kill.argv_key(check): {PARTITION: frozenset({246, 300})}})
+    # Lines 245, 246 and 300 hold bytecode here; 400-401 none (a signature's `*,`).
+    monkeypatch.setattr(kill, "bytecode_lines", lambda path: frozenset({245, 246, 300}))
 
     def mutant(line: int, node: tuple[int, int]) -> Mutant:
         return Mutant("i", PARTITION, line, line, node, "f", "AddNot", "if (", "if not (",
@@ -140,6 +144,20 @@ def test_a_check_runs_when_it_executes_any_line_of_the_mutated_node() -> None:
     assert not base.covers(check, mutant(245, (245, 245)))
     assert base.covers(check, mutant(300, (300, 300)))
     assert base.covers(config.KILL_CHECKS[0], mutant(245, (245, 245)))  # not measured
+    # No bytecode on the node's lines: coverage cannot tell, so the check runs.
+    assert base.covers(check, mutant(400, (400, 401)))
+
+
+def test_a_parameter_lists_lines_hold_no_bytecode_but_its_def_line_does() -> None:
+    """What :func:`kill.bytecode_lines` reads: ``*,`` in ``ConsumerCore.failed``'s
+    signature has no bytecode (its mutants run every check), the ``def`` line has."""
+    path = config.ROOT / "src/htmqc/core/consumer.py"
+    source = path.read_text().splitlines()
+    star = next(n for n, text in enumerate(source, 1) if text.strip() == "*," and
+                any("def failed(" in t for t in source[n - 12:n]))  # fmt: skip
+    lines = kill.bytecode_lines(path)
+    assert star not in lines
+    assert any(n in lines for n in range(star - 10, star) if "def failed(" in source[n - 1])
 
 
 def test_a_pytest_check_runs_only_the_test_files_that_reach_the_mutated_node() -> None:
