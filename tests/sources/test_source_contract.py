@@ -19,6 +19,7 @@ import pytest
 from tests.sources.support import (
     check_commits,
     check_exactly_once_across_sigkill,
+    check_exactly_once_through_kills,
     check_seek_and_pause,
 )
 
@@ -97,3 +98,11 @@ def test_exactly_once_into_sqlite_across_sigkill(
     topic, n = topic_name(), EXACTLY_ONCE_COUNT[source.name]
     source.produce(topic, n, 4)
     check_exactly_once_across_sigkill(source.url, topic, ["--source", source.name], tmp_path, n)
+
+
+def test_exactly_once_through_repeated_consumer_kills(
+    source: Source, topic_name: Callable[[], str], tmp_path: Path
+) -> None:
+    topic, n = topic_name(), 3000
+    source.produce(topic, n, 4)
+    check_exactly_once_through_kills(source.url, topic, ["--source", source.name], tmp_path, n)
