@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from hypothesis import strategies as st
@@ -24,7 +25,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from htmqc.core import IllegalTransition
+from htmqc.core import IllegalTransition, breaker
 from htmqc.core.breaker import (
     ALLOWANCE,
     TRANSITIONS,
@@ -35,7 +36,7 @@ from htmqc.core.breaker import (
 )
 from model_checks.reference_breaker import RefBreaker, RefBreakerError
 from tests.core.mutants.stateful import assert_rejected
-from tests.core.tables import shortest_paths
+from tests.core.tables import row_edit, shortest_paths, with_entry, without
 
 B, BE = BreakerState, BreakerEvent
 PROBE = (("t", 0), 0)
@@ -327,3 +328,43 @@ class NeverHalfOpens(Breaker):
 @pytest.mark.formal
 def test_the_model_comparison_catches_a_breaker_that_never_half_opens() -> None:
     assert_rejected(BreakerVersusReference, breaker_class=NeverHalfOpens)
+
+
+# -- the import-time table guard ---------------------------------------------
+
+B, BE = breaker.BreakerState, breaker.BreakerEvent
+#: Each way to break the breaker's tables, and the guard's message that names it.
+BREAKER_BREAKS: dict[str, dict[str, Any]] = {
+    "a state without a row": {"TRANSITIONS": without(breaker.TRANSITIONS, B.OPEN)},
+    "a row for no state": {"TRANSITIONS": with_entry(breaker.TRANSITIONS, "Extra", {})},
+    "a state without an allowance": {"ALLOWANCE": without(breaker.ALLOWANCE, B.PROBING)},
+    "an allowance for no state": {"ALLOWANCE": with_entry(breaker.ALLOWANCE, "Extra", 0)},
+    "an event without an edge": {
+        "TRANSITIONS": row_edit(breaker.TRANSITIONS, B.PROBING,
+                                 lambda row: without(row, BE.PROBE_LOST)),
+    },
+    "an event with two edges": {
+        "TRANSITIONS": row_edit(breaker.TRANSITIONS, B.CLOSED,
+                                 lambda row: with_entry(row, BE.PROBE_LOST, B.OPEN)),
+    },
+}  # fmt: skip
+BREAKER_SAYS = {
+    "a state without a row": "needs a row and an allowance",
+    "a row for no state": "needs a row and an allowance",
+    "a state without an allowance": "needs a row and an allowance",
+    "an allowance for no state": "needs a row and an allowance",
+    "an event without an edge": "exactly one edge",
+    "an event with two edges": "exactly one edge",
+}
+
+
+@pytest.mark.parametrize("broken", sorted(BREAKER_BREAKS))
+def test_the_breaker_guard_refuses_a_broken_table(
+    broken: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The import-time guard refuses each way to break the tables, by its own
+    check's message (the shipped tables pass: the module imported)."""
+    for name, value in BREAKER_BREAKS[broken].items():
+        monkeypatch.setattr(breaker, name, value)
+    with pytest.raises(AssertionError, match=BREAKER_SAYS[broken]):
+        breaker._check_table()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -26,7 +27,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from htmqc.core import IllegalTransition
+from htmqc.core import IllegalTransition, gate
 from htmqc.core.gate import (
     ALWAYS_PAUSED,
     CLAIMS,
@@ -46,7 +47,7 @@ from htmqc.core.gate import (
 )
 from model_checks.reference_gate import RefGate, RefGateError
 from tests.core.mutants.stateful import assert_rejected
-from tests.core.tables import shortest_paths
+from tests.core.tables import row_edit, shortest_paths, with_entry, without
 
 G, V = GateState, GateEvent
 TP = ("t", 0)
@@ -389,3 +390,60 @@ class FlowResumesWaiting(Gate):
 @pytest.mark.parametrize("mutant", [NeverReclaims, KeepsPauseAcrossAssignments, FlowResumesWaiting])
 def test_the_model_comparison_catches_the_mutant(mutant: type[Gate]) -> None:
     assert_rejected(GateVersusReference, gate_class=mutant)
+
+
+# -- the import-time table guard ---------------------------------------------
+
+#: Each way to break the gate's tables (each caught by its own check).
+GATE_BREAKS: dict[str, dict[str, Any]] = {
+    "a state without a row": {"TRANSITIONS": without(gate.TRANSITIONS, G.FENCED)},
+    "a row for no state": {"TRANSITIONS": with_entry(gate.TRANSITIONS, "Extra", {})},
+    "an event with no edge": {
+        "TRANSITIONS": MappingProxyType({
+            s: without(row, V.FENCE_GRACE_OVER) for s, row in gate.TRANSITIONS.items()
+        }),
+    },
+    "a state the group cannot take a partition from": {
+        "TRANSITIONS": row_edit(gate.TRANSITIONS, G.ACTIVE, lambda row: without(row, V.LOST)),
+    },
+    "lost leading elsewhere than unassigned": {
+        "TRANSITIONS": row_edit(gate.TRANSITIONS, G.ACTIVE,
+                                 lambda row: with_entry(row, V.LOST, G.FENCED)),
+    },
+    "paused always and with the holds": {"FOLLOWS_HOLDS": frozenset({G.ACTIVE, G.FENCED})},
+    "a seeking edge not in the table": {
+        "SEEKS": frozenset({*gate.SEEKS, (G.UNASSIGNED, V.RETRY_WAIT)}),
+    },
+    "a timed state its event cannot leave": {
+        "TIMED": MappingProxyType({**gate.TIMED, G.ACTIVE: V.FENCE_GRACE_OVER}),
+    },
+    "an unreachable state": {
+        "TRANSITIONS": MappingProxyType({
+            s: MappingProxyType({e: (G.ACTIVE if t is G.WAITING else t) for e, t in row.items()})
+            for s, row in gate.TRANSITIONS.items()
+        }),
+    },
+}  # fmt: skip
+GATE_SAYS = {
+    "a state without a row": "every gate state needs a row",
+    "a row for no state": "every gate state needs a row",
+    "an event with no edge": "events with no edge",
+    "a state the group cannot take a partition from": "can take a partition away",
+    "lost leading elsewhere than unassigned": "can take a partition away",
+    "paused always and with the holds": "paused always or with the holds",
+    "a seeking edge not in the table": "a seeking edge",
+    "a timed state its event cannot leave": "a timed state cannot be left",
+    "an unreachable state": "unreachable gate states",
+}
+
+
+@pytest.mark.parametrize("broken", sorted(GATE_BREAKS))
+def test_the_gate_guard_refuses_a_broken_table(
+    broken: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The import-time guard refuses each way to break the tables, by its own
+    check's message (the shipped tables pass: the module imported)."""
+    for name, value in GATE_BREAKS[broken].items():
+        monkeypatch.setattr(gate, name, value)
+    with pytest.raises(AssertionError, match=GATE_SAYS[broken]):
+        gate._check_table()
