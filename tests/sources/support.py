@@ -187,6 +187,7 @@ def check_exactly_once_through_kills(
         try:
             wait_for(lambda t=target, p=proc: stored(db) >= t or p.poll() is not None, 120,
                      f"run {k}'s effects")  # fmt: skip
+            assert proc.poll() is None, f"run {k} ended before its kill: " + log.read_text()[-2000:]
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait(10)

@@ -272,6 +272,31 @@ def test_the_lease_holds_no_backlog_of_the_topic(
         consumer.close()
 
 
+def test_a_lease_that_cannot_be_taken_stops_the_member_in_one_line(
+    pulsar_server: PulsarServer,
+    client: PulsarClient,
+    topic_name: Callable[[], str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A broker that refuses to create the lease topic (no auto-creation, or no
+    permission): the member does not retry forever; ``consume`` raises one line."""
+    from htmqc.sources.pulsar import AdminError, PulsarAdmin
+
+    def refuse(self: Any, topic: str) -> None:
+        raise AdminError(403, f"Pulsar admin PUT {topic} answered 403", "check the role")
+
+    topic = topic_name()
+    produce(pulsar_server.bootstrap, topic, 5, partitions=1, client=client)
+    monkeypatch.setattr(PulsarAdmin, "create_plain", refuse)
+    consumer = PulsarConsumer(pulsar_server.bootstrap, "g-refused")
+    try:
+        consumer.subscribe([topic], on_assign=assign_at({}))
+        with pytest.raises(RuntimeFailure, match="lease of group 'g-refused' cannot be taken"):
+            drain(consumer, 5, timeout=10)
+    finally:
+        consumer.close()
+
+
 def test_a_member_whose_lease_stays_disconnected_stops(
     pulsar_server: PulsarServer, client: PulsarClient, topic_name: Callable[[], str]
 ) -> None:
@@ -290,20 +315,34 @@ def test_a_member_whose_lease_stays_disconnected_stops(
 
 
 def test_unloaded_partitions_reconnect_without_a_repeat_or_a_skip(
-    pulsar_server: PulsarServer, client: PulsarClient, topic_name: Callable[[], str]
+    pulsar_server: PulsarServer,
+    client: PulsarClient,
+    topic_name: Callable[[], str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A topic unload (what Pulsar's load balancer does) disconnects the readers and
-    the lease subscription; both reconnect within the lease's grace and the member
-    goes on."""
+    """A topic unload (what Pulsar's load balancer does) disconnects the readers, and
+    an unload of the lease topic the lease subscription; both reconnect within the
+    lease's grace and the member goes on (it logs the lease connected again)."""
+    import logging
+
+    from htmqc.sources.pulsar import lease_topic
+
     topic = topic_name()
+    lease = lease_topic("gu", topic).removeprefix("persistent://")
     produce(pulsar_server.bootstrap, topic, 400, partitions=2, client=client)
     consumer = PulsarConsumer(pulsar_server.bootstrap, "gu")
     try:
         consumer.subscribe([topic], on_assign=assign_at({}))
         got = drain(consumer, 150)
-        for _ in range(3):
-            pulsar_server.admin("PUT", f"/v2/persistent/public/default/{topic}/unload")
-            got += drain(consumer, 50)
+        with caplog.at_level(logging.INFO, logger="htmqc.pulsar"):
+            for _ in range(3):
+                pulsar_server.admin("PUT", f"/v2/persistent/public/default/{topic}/unload")
+                pulsar_server.admin("PUT", f"/v2/persistent/{lease}/unload")
+                got += drain(consumer, 50)
+                deadline = time.monotonic() + 10
+                while "is connected again" not in caplog.text and time.monotonic() < deadline:
+                    time.sleep(0.2)
+            assert "is connected again" in caplog.text, "the lease was never seen reconnecting"
         produce(pulsar_server.bootstrap, topic, 200, partitions=2, start_id=400, client=client)
         got += drain(consumer, 600 - len(got), timeout=30)
         for p in range(2):

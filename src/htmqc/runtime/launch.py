@@ -249,12 +249,17 @@ def _build_kafka_engine(
         config["group.instance.id"] = options.member_id
     config["on_commit"] = lambda err, parts: engine[0].on_commit(err, parts)
 
+    users_cb = config.get("error_cb")
+
     def on_error(err: Any) -> None:
-        """Errors such as "all brokers down" reach ``error_cb`` only, never ``consume``."""
+        """Errors such as "all brokers down" reach ``error_cb`` only, never ``consume``;
+        a callback of the user's own (``kafka_config``) is called too, first."""
+        if callable(users_cb):
+            users_cb(err)
         if engine:
             engine[0].on_consumer_error(err)
 
-    config.setdefault("error_cb", on_error)
+    config["error_cb"] = on_error
     config.setdefault("logger", librdkafka_logger())
     try:
         consumer = Consumer(config)

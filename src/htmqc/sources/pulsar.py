@@ -620,6 +620,9 @@ class PulsarConsumer(PumpedConsumer):
         (``on_commit``, ``fetch_batch``, ``buffer_messages``)."""
         check_name("group", group)
         self.lease_grace = lease_grace
+        self.connect_seconds = connect_seconds
+        #: Why taking the lease failed for good (``None``: it did not).
+        self._lease_error: str | None = None
         self.endpoint = endpoint_of(bootstrap)
         self.admin = PulsarAdmin(self.endpoint.admin_url)
         self._client: Any = new_client(self.endpoint, connect_seconds)
@@ -648,6 +651,12 @@ class PulsarConsumer(PumpedConsumer):
                 client.close()
 
     def _lost_lease(self) -> RuntimeFailure:
+        if self._lease_error is not None:
+            return RuntimeFailure(
+                f"the Pulsar lease of group {self.group!r} cannot be taken: {self._lease_error}",
+                "check the broker's admin API, and that this role may create topics and "
+                "subscribe in the topic's namespace",
+            )
         return RuntimeFailure(
             f"the Pulsar lease of group {self.group!r} ({self._lease_key}) was lost: its "
             f"Exclusive subscription stayed disconnected for {self.lease_grace:g} s, so "
@@ -756,6 +765,15 @@ class PulsarConsumer(PumpedConsumer):
             consumer_name=f"htmqc-{socket.gethostname()}-{os.getpid()}",
         )  # fmt: skip
 
+    def _give_up_lease(self, why: str) -> None:
+        """The lease cannot be taken at all (not: another member holds it): the
+        next :meth:`consume` raises :meth:`_lost_lease` with ``why``."""
+        with self._cond:
+            self._lease_error = why
+            self._lease_lost = True
+            self._lease_until = 0.0
+            self._cond.notify_all()
+
     async def _hold_lease(self, parts: list[KafkaTP]) -> None:
         """Take the Exclusive subscription named after the group on the lease topic
         (waiting as a standby while another member holds it), hand ``parts`` to the
@@ -768,11 +786,18 @@ class PulsarConsumer(PumpedConsumer):
 
         topic = parts[0].topic
         waited = False
+        failing_since: float | None = None
+        try:  # created here: a broker may not create topics on first use
+            await self._blocking(self.admin.create_plain, lease_topic(self.group, topic))
+        except RuntimeFailure as exc:
+            self._give_up_lease(f"creating {lease_topic(self.group, topic)}: {exc.line()}")
+            return
         while not self._closed:
             try:
                 self._lease = await self._blocking(self._subscribe_lease, topic)
                 break
             except pulsar.ConsumerBusy:
+                failing_since = None
                 if not waited:
                     log.warning(
                         "group %s on topic %s is held by another member; waiting as a standby "
@@ -780,8 +805,18 @@ class PulsarConsumer(PumpedConsumer):
                     )  # fmt: skip
                     waited = True
             except Exception as exc:
-                log.warning("taking the Pulsar lease %s failed: %s: %s",
-                            self._lease_key, type(exc).__name__, exc)  # fmt: skip
+                now = time.monotonic()
+                if failing_since is None:
+                    failing_since = now
+                    log.warning("taking the Pulsar lease %s failed: %s: %s; trying for %g s",
+                                self._lease_key, type(exc).__name__, exc,
+                                self.connect_seconds)  # fmt: skip
+                elif now - failing_since >= self.connect_seconds:
+                    self._give_up_lease(
+                        f"subscribing {lease_topic(self.group, topic)} failed for "
+                        f"{self.connect_seconds:g} s: {type(exc).__name__}: {exc}"
+                    )
+                    return
             await asyncio.sleep(STANDBY_POLL)
         if self._lease is None:
             return

@@ -1,5 +1,5 @@
 """The blocking :class:`~htmqc.ports.ConsumerPort` shared by the non-Kafka sources
-(:mod:`htmqc.sources.nats`, :mod:`htmqc.sources.rabbitmq`).
+(:mod:`htmqc.sources.nats`, :mod:`htmqc.sources.rabbitmq`, :mod:`htmqc.sources.pulsar`).
 
 Contract
 --------
@@ -312,10 +312,12 @@ class PumpedConsumer:
         """Up to ``num_messages`` messages of the unpaused partitions, waiting at
         most ``timeout`` seconds (negative: until some arrive) for the first.
         Rebalance and commit callbacks run here first. Nothing is handed out
-        while the lease is in doubt (not renewed within 80 % of its life).
+        while the lease is in doubt (the source says when: NATS's key not renewed
+        within 80 % of its life, RabbitMQ's queue connection or Pulsar's
+        subscription disconnected).
 
-        :raises RuntimeFailure: another member took the lease (this one could
-            not renew it in time): the run must stop.
+        :raises RuntimeFailure: the lease is lost, or could not be taken at all:
+            the run must stop.
         """
         self._callbacks_due()
         out = self._take(num_messages)

@@ -7,7 +7,8 @@ the batch's range, the commit metadata ``{"start": S, "skipped": N}``. Writing
 one is a standalone offset commit; reading them, one ``OffsetFetch`` for the
 group; clearing them, one offset commit with empty metadata. A failure to write or read a note
 is logged and never fails the query: the loss itself was already logged by the
-executor that skipped it.
+executor that skipped it (a note that could not be read when it was due is not
+counted later once its partition moved on).
 """
 
 from __future__ import annotations
@@ -61,8 +62,10 @@ def read_notes(admin: Any, group: str) -> dict[TopicPartition, LossNote]:
         )[group]
         found = future.result().topic_partitions or []
     except KafkaException as exc:
-        log.warning("htmqc-kafka: could not read the loss notes of %s (%s); "
-                    "they are counted at a later batch", group, exc)
+        log.warning("htmqc-kafka: could not read the loss notes of %s (%s); a note of "
+                    "the last batch is counted at the next planning only if its partition "
+                    "has not moved on: else the loss stays in the executors' logs only",
+                    group, exc)  # fmt: skip
         return {}
     notes: dict[TopicPartition, LossNote] = {}
     for tp in found:
