@@ -411,8 +411,6 @@ COMMITS_COMPACTION = 1 << 20
 #: Threads of the blocking pulsar-client and admin calls (a partition's read holds one
 #: for up to READ_WAIT_MS).
 WORKERS = 32
-#: The message property that carries the key of a dead letter whose key is not UTF-8.
-KEY_PROPERTY = "Htmqc-Key"
 
 
 def check_name(what: str, name: str) -> None:
@@ -507,10 +505,7 @@ def convert(topic: str, partition: int, offset: int, msg: Any) -> PulsarMessage:
     if props:
         headers = []
         for name, value in props.items():
-            if name == KEY_PROPERTY:
-                key = value.encode("utf-8", "surrogateescape")
-            else:
-                headers.append((name, value.encode()))
+            headers.append((name, value.encode()))
     return PulsarMessage(
         topic, partition, offset, key, msg.data(), headers, int(msg.publish_timestamp())
     )
