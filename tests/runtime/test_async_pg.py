@@ -198,3 +198,29 @@ def test_a_sync_handler_keeps_the_sync_cursor(tables: Tables) -> None:
     _engine, sink = _run(tables, handler)
     assert kinds == {psycopg.Cursor} and sink.loop is None
     assert len(tables.query(f"SELECT 1 FROM {tables.effects}")) == PARTS * PER_PART
+
+
+def test_the_bridge_refuses_the_loops_thread_and_a_stopped_loop() -> None:
+    """A synchronous sink call on the loop's own thread would wait for itself:
+    refused; once the loop stopped (shutdown), a call fails as an unusable
+    connection at once instead of waiting forever."""
+    from htmqc.runtime.handlers import EventLoopThread
+    from htmqc.sinks.loop_bridge import LoopCaller
+
+    runner = EventLoopThread()
+    caller = LoopCaller(runner.loop())
+    assert caller.call(asyncio.sleep(0, result=7)) == 7
+
+    async def on_the_loop() -> None:
+        caller.call(asyncio.sleep(0))
+
+    with pytest.raises(RuntimeError, match="deadlock"):
+        runner.run(on_the_loop())
+    runner.close()
+    deadline = time.monotonic() + 5
+    while caller.loop.is_running() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    started = time.monotonic()
+    with pytest.raises(psycopg.InterfaceError, match="not running"):
+        caller.call(asyncio.sleep(0))
+    assert time.monotonic() - started < 1
