@@ -21,19 +21,20 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from htmqc.api import Consumer
-    from htmqc.ports import KafkaTx, Message, SqlTx
+    from htmqc.ports import AsyncSqlTx, KafkaTx, Message, SqlTx
     from htmqc.runtime.decode import DecodedMessage, DecodeError
 
 
 def __getattr__(name: str) -> Any:
-    """``htmqc.Consumer``, ``htmqc.Message``, ``htmqc.SqlTx``, ``htmqc.KafkaTx``,
+    """``htmqc.Consumer``, ``htmqc.Message``, ``htmqc.SqlTx``, ``htmqc.AsyncSqlTx``,
+    ``htmqc.KafkaTx``,
     ``htmqc.DecodedMessage`` and ``htmqc.DecodeError``, imported when first used
     (the runtime and confluent-kafka are not loaded by ``import htmqc``)."""
     if name == "Consumer":
         from htmqc.api import Consumer
 
         return Consumer
-    if name in ("Message", "SqlTx", "KafkaTx"):
+    if name in ("Message", "SqlTx", "AsyncSqlTx", "KafkaTx"):
         from htmqc import ports
 
         return getattr(ports, name)
@@ -45,6 +46,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AsyncSqlTx",
     "Commit",
     "Consumer",
     "ConsumerCore",

@@ -15,8 +15,9 @@ methods or asks a sink its name: what a sink can do is said here.
 * :class:`ProducerPort`: dead letters and retry records (at-least-once).
 * :class:`Sink` / :class:`SinkTransaction`: exactly-once storage, effects and
   positions in one transaction, fenced (contract in :mod:`htmqc.sinks.base`).
-* :class:`SqlTx` / :class:`KafkaTx`: what a handler's ``tx`` is in exactly-once
-  mode (public: ``htmqc.SqlTx``, ``htmqc.KafkaTx``).
+* :class:`SqlTx` / :class:`AsyncSqlTx` / :class:`KafkaTx`: what a handler's
+  ``tx`` is in exactly-once mode (public: ``htmqc.SqlTx``, ``htmqc.AsyncSqlTx``,
+  ``htmqc.KafkaTx``).
 * :class:`Clock`: ``monotonic()`` for every timer of the runtime (commit
   interval, transaction age, retries, flow), ``wall()`` for what is stored
   (failure times, retry-topic due times). One clock is injected into the
@@ -25,6 +26,7 @@ methods or asks a sink its name: what a sink can do is said here.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -91,6 +93,47 @@ class SqlTx(Protocol):
         ...
 
     def fetchall(self) -> list[Any]:
+        """The remaining rows of the last query."""
+        ...
+
+    @property
+    def rowcount(self) -> int:
+        """Rows the last statement changed or returned (``-1``: not known)."""
+        ...
+
+
+@runtime_checkable
+class AsyncSqlTx(Protocol):
+    """The ``tx`` an ``async def`` exactly-once handler gets from the PostgreSQL
+    sink: a ``psycopg.AsyncCursor`` of the sink's open transaction, on a
+    ``psycopg.AsyncConnection`` living on the handler event loop.
+
+    Contract: that of :class:`SqlTx` (the statements are in the transaction
+    that stores the positions; a handler that raises has them rolled back to
+    its savepoint; no ``COMMIT``/``ROLLBACK``/``close``; let errors propagate),
+    with ``execute``, ``executemany`` and the ``fetch*`` calls awaited.
+    ``rowcount`` is a plain property (psycopg knows it once ``execute`` returned).
+    Every call must be awaited before the handler returns: a task left running
+    would use the cursor after its message's scope ended.
+    """
+
+    async def execute(self, query: Any, params: SqlParams | None = ..., /) -> Self:
+        """Run one statement with ``params`` (``%s`` placeholders); returns the cursor."""
+        ...
+
+    async def executemany(self, query: Any, params_seq: Iterable[SqlParams], /) -> None:
+        """Run one statement once per parameter set."""
+        ...
+
+    async def fetchone(self) -> Any:
+        """The next row of the last query (a tuple), or ``None``."""
+        ...
+
+    async def fetchmany(self, size: int = ..., /) -> list[Any]:
+        """Up to ``size`` more rows of the last query."""
+        ...
+
+    async def fetchall(self) -> list[Any]:
         """The remaining rows of the last query."""
         ...
 
@@ -204,9 +247,11 @@ class SinkTransaction(Protocol):
     """One open transaction of a :class:`Sink` (see :mod:`htmqc.sinks.base`)."""
 
     @property
-    def handle(self) -> SqlTx | KafkaTx:
+    def handle(self) -> SqlTx | AsyncSqlTx | KafkaTx:
         """What the user handler receives as ``tx``: a DB-API cursor (sqlite3 /
-        psycopg, a :class:`SqlTx`) or, for Kafka, an ``Output`` (a :class:`KafkaTx`)."""
+        psycopg, a :class:`SqlTx`), a ``psycopg.AsyncCursor`` (an
+        :class:`AsyncSqlTx`, after :meth:`Sink.serve_async_handler` said so) or,
+        for Kafka, an ``Output`` (a :class:`KafkaTx`)."""
         ...
 
     def message(self) -> AbstractContextManager[None]:
@@ -283,6 +328,19 @@ class Sink(Protocol):
         lines name it: the DLQ topic (``info.target(topic)``) for the Kafka
         sink; ``<database> table <prefix>dead_letters`` (the URL with any
         password redacted) for SQL sinks. Pure: callable from any thread."""
+        ...
+
+    def serve_async_handler(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """The handler is ``async def`` and runs on ``loop`` (the runtime's one
+        handler loop, :mod:`htmqc.runtime.handlers`); called once before the
+        first ``claim``, with no transaction open. Returns whether the
+        transactions' :attr:`SinkTransaction.handle` is from now on awaitable
+        (PostgreSQL: a ``psycopg.AsyncCursor``, an :class:`AsyncSqlTx`, on a
+        ``psycopg.AsyncConnection`` living on ``loop``); ``False``: it stays
+        synchronous (SQLite's cursor, Kafka's ``Output``). Either way the
+        handle's statements are in the sink's transaction, as for a ``def``
+        handler. The sink's own calls keep coming from other threads than the
+        loop's."""
         ...
 
     def bind(self, consumer: ConsumerPort) -> None:

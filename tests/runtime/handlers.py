@@ -57,6 +57,22 @@ def table_record(msg: Any, tx: Any) -> None:
     tx.execute(_effect_sql(tx), (parse_id(msg.value()), msg.partition(), msg.offset(), os.getpid()))
 
 
+async def async_table_record(msg: Any, tx: Any) -> None:
+    """:func:`table_record` as an ``async def`` handler: ``tx`` must be psycopg's
+    ``AsyncCursor`` (else the message fails and ends as a dead letter, which the
+    test sees as a lost effect), and the insert is awaited."""
+    import asyncio
+
+    import psycopg
+
+    if not isinstance(tx, psycopg.AsyncCursor):
+        raise TypeError(f"tx is a {type(tx).__module__}.{type(tx).__qualname__}")
+    await asyncio.sleep(0.0005)
+    await tx.execute(
+        _effect_sql(tx), (parse_id(msg.value()), msg.partition(), msg.offset(), os.getpid())
+    )
+
+
 _STALL_LIMIT = 60.0
 _stalled = False
 

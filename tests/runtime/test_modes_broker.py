@@ -206,14 +206,18 @@ def kill(proc: Any) -> None:
 # -- exactly-once into PostgreSQL ----------------------------------------------------------
 
 
+@pytest.mark.parametrize("handler", ["table_record", "async_table_record"])
 def test_exactly_once_into_postgresql_across_sigkill(
-    broker: Broker, new_topic: Any, pg: PgTables, tmp_path: Path, group_protocol: str
+    broker: Broker, new_topic: Any, pg: PgTables, tmp_path: Path, group_protocol: str,
+    handler: str,
 ) -> None:
+    """``async_table_record`` is ``async def``: its ``tx`` is a ``psycopg.AsyncCursor``
+    of the sink's ``AsyncConnection`` on the handler loop, in the same transaction."""
     topic, n = new_topic(partitions=4), 6000
     produce(broker.bootstrap, topic, n, keys=100)
     log = tmp_path / "run.log"
     args = [
-        f"{HANDLERS}:table_record",
+        f"{HANDLERS}:{handler}",
         "--group",
         f"g-pgkill-{uuid.uuid4().hex[:6]}",
         "--mode",

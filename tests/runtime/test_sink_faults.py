@@ -132,14 +132,17 @@ def pg() -> Iterator[PgTables]:
 
 
 @pytest.mark.broker
+@pytest.mark.parametrize("handler", ["table_record", "async_table_record"])
 def test_postgresql_backend_terminated_twice_mid_run(
-    broker: Broker, new_topic: Any, pg: PgTables, tmp_path: Path
+    broker: Broker, new_topic: Any, pg: PgTables, tmp_path: Path, handler: str
 ) -> None:
+    """``async_table_record``: the sink reconnects with a new ``AsyncConnection``
+    on the handler loop, and the handler gets that connection's cursor."""
     topic, n = new_topic(partitions=4), 6000
     produce(broker.bootstrap, topic, n, keys=100)
     app, log = f"htmqc-{uuid.uuid4().hex[:8]}", tmp_path / "run.log"
     proc = htmqc_run(
-        broker.bootstrap, topic, f"{HANDLERS}:table_record", "--group", f"g-{app}",
+        broker.bootstrap, topic, f"{HANDLERS}:{handler}", "--group", f"g-{app}",
         "--mode", "exactly-once", "--sink", f"{pg.sink}&application_name={app}",
         "--txn-messages", "200", "--idle-exit", "3",
         env={"HTMQC_TEST_TABLE": pg.effects}, log=log,

@@ -23,7 +23,7 @@ TP = ("orders", 0)
 
 
 def test_the_protocols_are_exported_from_htmqc() -> None:
-    assert {"SqlTx", "KafkaTx"} <= set(htmqc.__all__)
+    assert {"SqlTx", "AsyncSqlTx", "KafkaTx"} <= set(htmqc.__all__)
     assert htmqc.SqlTx is SqlTx and htmqc.KafkaTx is KafkaTx
 
 

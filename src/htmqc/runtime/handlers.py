@@ -23,6 +23,14 @@ keeps one client in a module global would fail on every loop but the first. The
 coroutine runs in a copy of the calling worker's :mod:`contextvars` context,
 which is how a sink's message scope (:mod:`htmqc.sinks.kafka`) follows it.
 
+An exactly-once ``async def`` handler's ``tx``: the engine offers the loop to
+the sink (:meth:`htmqc.ports.Sink.serve_async_handler`) before the first claim.
+The PostgreSQL sink takes it: its connection becomes a
+``psycopg.AsyncConnection`` on this loop and ``tx`` a ``psycopg.AsyncCursor``
+(:class:`htmqc.ports.AsyncSqlTx`, awaited), in the same transaction as the
+positions (:mod:`htmqc.sinks.loop_bridge`). SQLite and Kafka keep their
+synchronous handle (a quick in-process cursor; ``send`` only queues).
+
 A ``def`` handler that returns an awaitable anyway (a lambda around a
 coroutine function, a decorator that hid ``async``) would have its work
 silently skipped; the lanes check the result and stop the run with
@@ -185,6 +193,11 @@ class EventLoopThread:
                 ready.wait()
                 self._loop = loop
             return self._loop
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The running loop (started on first use): where an async sink
+        connection lives (:meth:`htmqc.ports.Sink.serve_async_handler`)."""
+        return self._started()
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run ``coro`` on the loop, in a copy of the caller's context; wait for it."""

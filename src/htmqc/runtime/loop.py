@@ -218,6 +218,8 @@ class Engine:
         if options.mode == EXACTLY_ONCE:
             if sink is None:
                 raise ValueError("exactly-once needs a sink")
+            if self._event_loop is not None:  # an awaitable tx if the sink has one
+                sink.serve_async_handler(self._event_loop.loop())
             worker = TransactionWorker(
                 sink,
                 call,

@@ -34,6 +34,7 @@ group's committed offsets with a consumer of its own that never joins the group.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -186,6 +187,11 @@ class KafkaSink:
     def dead_letter_destination(self, topic: str, info: DeadLetterInfo) -> str:
         """The DLQ topic of ``info``: ``info.target(topic)``."""
         return info.target(topic)
+
+    def serve_async_handler(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """``tx.send`` only queues a record in the producer (it does not wait),
+        so an ``async def`` handler keeps the synchronous ``Output``: ``False``."""
+        return False
 
     def bind(self, consumer: ConsumerPort) -> None:
         """Give the sink the runtime's ``confluent_kafka.Consumer`` (needed by

@@ -9,22 +9,34 @@ claim runs first and the commit sees the new fence and is rolled back
 the latest committed row, so the fence compared is never a stale snapshot.
 Table creation takes a transaction-scoped advisory lock, so members starting
 together do not race ``CREATE TABLE IF NOT EXISTS``.
+
+Async handlers: when the runtime runs an ``async def`` handler it calls
+:meth:`PostgresSink.serve_async_handler` with the shared handler loop before the
+first claim. From then on (and after every reconnect) the sink's one connection
+is a ``psycopg.AsyncConnection`` opened on that loop, the handler's ``tx`` is
+one of its ``psycopg.AsyncCursor`` objects, and the sink's own statements
+(savepoints, fences, positions, dead letters) run on the same connection through
+:mod:`htmqc.sinks.loop_bridge`. Same transaction, same SQL, same exactly-once
+contract as the synchronous connection; a ``def`` handler keeps that one.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import psycopg
 
-from htmqc.sinks.base import SinkUnavailable
+from htmqc.sinks.base import SinkUnavailable, check_no_transaction
+from htmqc.sinks.loop_bridge import BridgedConnection
 from htmqc.sinks.sql import SqlSink
 from htmqc.sinks.urls import DEFAULT_TABLE_PREFIX, redact_url
 
 
 class PostgresSink(SqlSink):
     """Exactly-once into PostgreSQL at ``conninfo`` (a ``postgresql://`` URL);
-    the handler gets a ``psycopg.Cursor`` of the open transaction."""
+    the handler gets a ``psycopg.Cursor`` of the open transaction, or a
+    ``psycopg.AsyncCursor`` when it is ``async def`` (module docs)."""
 
     name = "postgresql"
     param = "%s"
@@ -43,13 +55,37 @@ class PostgresSink(SqlSink):
         super().__init__(display or redact_url(conninfo), table_prefix)
         self._conninfo = conninfo
         self.connect_timeout = connect_timeout
+        #: The handler loop the connection lives on (``None``: a synchronous one).
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def serve_async_handler(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """From now on connect with ``psycopg.AsyncConnection`` on ``loop`` and
+        give the handler an ``AsyncCursor`` (module docs); an open synchronous
+        connection is replaced at once. Returns ``True``.
+
+        :raises SinkStateError: a transaction is open.
+        :raises SinkUnavailable: the database cannot be reached."""
+        check_no_transaction(self.name, "serve_async_handler", self._txn)
+        self.loop = loop
+        if self._conn is not None and not isinstance(self._conn, BridgedConnection):
+            self.reconnect()
+        return True
+
+    def handler_cursor(self, conn: Any) -> Any:
+        """A ``psycopg.AsyncCursor`` on the async connection, else a ``psycopg.Cursor``."""
+        if isinstance(conn, BridgedConnection):
+            return conn.async_cursor()
+        return conn.cursor()
 
     def connect(self) -> Any:
-        """Connect in autocommit mode; failures name the redacted URL."""
+        """Connect in autocommit mode (on :attr:`loop` with an
+        ``AsyncConnection`` when set); failures name the redacted URL."""
         extra: dict[str, Any] = {}
         if "connect_timeout" not in self._conninfo:
             extra["connect_timeout"] = self.connect_timeout
         try:
+            if self.loop is not None:
+                return BridgedConnection.connect(self.loop, self._conninfo, **extra)
             return psycopg.connect(self._conninfo, autocommit=True, **extra)
         except psycopg.Error as exc:
             lines = str(exc).strip().splitlines()

@@ -53,6 +53,7 @@ warning saying so. Never set it outside that test.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -138,6 +139,20 @@ class SqlSink(ABC):
     @abstractmethod
     def create_tables(self, cur: Any) -> None:
         """Create the positions table if missing (idempotent, safe when raced)."""
+
+    def handler_cursor(self, conn: Any) -> Any:
+        """The handle an exactly-once handler gets (``tx``) for a transaction
+        on ``conn``: a new cursor of it (:class:`~htmqc.ports.SqlTx`). The
+        PostgreSQL sink with an ``async def`` handler gives a
+        ``psycopg.AsyncCursor`` instead (:meth:`serve_async_handler`)."""
+        return conn.cursor()
+
+    def serve_async_handler(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """The handler is ``async def`` and runs on ``loop``: return whether this
+        sink now gives it an awaitable handle. SQL sinks keep their
+        synchronous cursor (SQLite's is in-process and quick; see the README)
+        unless a subclass says otherwise (:class:`~htmqc.sinks.postgresql.PostgresSink`)."""
+        return False
 
     def fix_for(self, action: str) -> str:
         """What to tell the user when ``action`` failed in the database."""
@@ -349,13 +364,14 @@ class SqlSink(ABC):
         return out
 
     def begin(self) -> SqlTransaction:
-        """Open the write transaction; the handle is a cursor of it."""
+        """Open the write transaction; the handle is a cursor of it
+        (:meth:`handler_cursor`)."""
         conn = self._connection()
         check_no_transaction(self.name, "begin", self._txn)
         with self.db_errors("beginning a transaction"):
             own = conn.cursor()
             own.execute(self.begin_sql)
-        self._txn = SqlTransaction(self, own, conn.cursor())
+        self._txn = SqlTransaction(self, own, self.handler_cursor(conn), conn.cursor())
         return self._txn
 
     def close(self) -> None:
@@ -413,10 +429,12 @@ class SqlSink(ABC):
 class SqlTransaction:
     """One write transaction of a :class:`SqlSink` (see module docs)."""
 
-    def __init__(self, sink: SqlSink, own: Any, handle: Any) -> None:
+    def __init__(self, sink: SqlSink, own: Any, handle: Any, letters: Any) -> None:
+        #: The handler's ``tx`` (:meth:`SqlSink.handler_cursor`).
         self.handle = handle
         self._sink = sink
         self._own = own  # htmqc's statements; the handler's results stay undisturbed
+        self._letters = letters  # dead-letter rows: synchronous even when handle is not
         self._lock = threading.Lock()
         self._done = False
 
@@ -471,7 +489,7 @@ class SqlTransaction:
         """A row of the sink's dead-letter table, in its own message scope."""
         with self.message():
             dlq_table.insert(
-                self.handle, self._sink.dead_letters_table, self._sink.name, msg, info
+                self._letters, self._sink.dead_letters_table, self._sink.name, msg, info
             )
 
     def forward(self, topic: str, msg: Message, headers: Headers) -> None:
