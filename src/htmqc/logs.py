@@ -155,6 +155,9 @@ SWEEP_EVERY = 1.0
 #: Kinds of line remembered at once; past it the oldest is summarized and forgotten.
 MAX_KINDS = 4096
 _DIGITS = re.compile(r"\d+")
+#: librdkafka's own count of the repeats it held back, appended inside a line's
+#: closing parenthesis (``..., 1 identical error(s) suppressed)``): not part of its kind.
+_LIBRDKAFKA_SUPPRESSED = re.compile(r", \d+ identical error\(s\) suppressed")
 _SUMMARY = "_htmqc_summary"
 
 
@@ -162,8 +165,10 @@ def line_kind(record: logging.LogRecord) -> tuple[str, int, str]:
     """What makes two records "the same line" for :class:`RateLimit`: logger,
     level and the rendered message with every run of digits replaced by ``#``
     (offsets, ports, counts and times vary between repeats; librdkafka's lines
-    arrive already rendered, so the ``%`` template alone would lump them all)."""
-    return record.name, record.levelno, _DIGITS.sub("#", record.getMessage())
+    arrive already rendered, so the ``%`` template alone would lump them all), and
+    without librdkafka's own count of the repeats it suppressed."""
+    text = _LIBRDKAFKA_SUPPRESSED.sub("", record.getMessage())
+    return record.name, record.levelno, _DIGITS.sub("#", text)
 
 
 @dataclass(slots=True)

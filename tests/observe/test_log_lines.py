@@ -468,3 +468,18 @@ def test_a_json_line_of_the_engine_holds_only_documented_fields(
     record = logging.LogRecord("htmqc.runtime", logging.WARNING, __file__, 1, "x", (), None)
     record.suppressed = 4
     assert set(json.loads(fmt.format(record))) <= set(JSON_FIELDS)
+
+
+def test_librdkafkas_own_suppressed_count_does_not_make_a_new_kind_of_line() -> None:
+    """librdkafka appends ``, N identical error(s) suppressed`` to a line it has
+    repeated; that line is still the same kind (a loaded box showed it passing the
+    limit as a second 'Connection refused' line)."""
+    from htmqc.logs import line_kind
+
+    def record(text: str) -> logging.LogRecord:
+        return logging.LogRecord("librdkafka", logging.ERROR, __file__, 0, text, None, None)
+
+    first = "FAIL [c] 127.0.0.1:1: Connect failed: Connection refused (after 0ms in state CONNECT)"
+    again = ("FAIL [c] 127.0.0.1:1: Connect failed: Connection refused (after 0ms in state "
+             "CONNECT, 1 identical error(s) suppressed)")  # fmt: skip
+    assert line_kind(record(first)) == line_kind(record(again))
