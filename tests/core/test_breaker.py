@@ -368,3 +368,17 @@ def test_the_breaker_guard_refuses_a_broken_table(
         monkeypatch.setattr(breaker, name, value)
     with pytest.raises(AssertionError, match=BREAKER_SAYS[broken]):
         breaker._check_table()
+
+
+def test_the_policy_is_a_frozen_keyword_only_value() -> None:
+    """A policy is shared by the runtime and its reports: it cannot change under
+    them, takes no stray attributes, and is built by name (the options are many
+    numbers of the same type, so positions would be a trap)."""
+    import dataclasses
+
+    policy = BreakerPolicy(consecutive=3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        policy.consecutive = 4  # type: ignore[misc]
+    assert not hasattr(policy, "__dict__")
+    with pytest.raises(TypeError):
+        BreakerPolicy(3)  # type: ignore[misc]
