@@ -143,7 +143,9 @@ def test_an_async_handler_gets_an_async_cursor_inside_the_sinks_transaction(
     positions = _positions(tables)
     assert {p: c for p, (c, _) in positions.items()} == {p: PER_PART for p in range(PARTS)}
     txids = {int(r[4]) for r in rows}
-    assert len(txids) <= (PARTS * PER_PART) // 50, "effects committed outside the sink's txns"
+    # the sink commits up to 100 per transaction (fewer when its 100 ms timer fires on a
+    # loaded box); a handler committing on its own would make one per effect
+    assert len(txids) <= (PARTS * PER_PART) // 4, "effects committed outside the sink's txns"
     assert {x for _, x in positions.values()} <= txids
     sink_backends.update(int(r[5]) for r in rows)
     assert len(sink_backends) == 1  # one connection: the sink's
