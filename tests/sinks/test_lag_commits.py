@@ -351,6 +351,28 @@ def test_each_commit_is_a_watermark_the_core_acked_after_the_database_commit(
     assert engine.alo.lag_commits >= 2 and engine.alo.lag_failures == 0
 
 
+def test_lag_commits_are_at_most_one_per_commit_interval_and_the_last_is_never_left(
+    tmp_path: Path,
+) -> None:
+    """With ``--commit-ms`` 0 each database commit is copied (a Kafka commit per
+    transaction); with an hour, only the first and the shutdown's, which carries
+    the last watermarks: the group's offsets end at the database's positions
+    either way. Copying per transaction regardless, or not at the shutdown,
+    fails it."""
+    calls: dict[float, int] = {}
+    for commit_ms in (0.0, 3_600_000.0):
+        db = tmp_path / f"eo-{commit_ms:g}.db"
+        consumer = _consumer(2, 300)
+        engine = _engine(db, consumer, max_messages=600, commit_ms=commit_ms)
+        assert engine.run(install_signals=False) == 600
+        calls[commit_ms] = len(consumer.commit_calls)
+        assert {tp: c[0] for tp, c in consumer.commits.items()} == _sqlite_positions(db) == {
+            (TOPIC, 0): 300, (TOPIC, 1): 300,
+        }
+    assert calls[0.0] >= 600 // 40, "not a lag commit per transaction without a bound"
+    assert calls[3_600_000.0] == 2, "the lag commits are not bounded by --commit-ms"
+
+
 def test_off_commits_nothing_to_the_group(tmp_path: Path) -> None:
     consumer = _consumer(2, 100)
     engine = _engine(tmp_path / "eo.db", consumer, max_messages=200, kafka_lag_commits=False)
@@ -367,7 +389,8 @@ def test_a_failing_lag_commit_is_counted_logged_once_and_never_stops_the_run(
     db = tmp_path / "eo.db"
     consumer = _consumer(2, 200)
     metrics = Metrics()
-    engine = _engine(db, consumer, metrics=metrics, max_messages=400)
+    # A lag commit per transaction (no --commit-ms bound): many failures, one line.
+    engine = _engine(db, consumer, metrics=metrics, max_messages=400, commit_ms=0)
 
     def refuse(offsets: list[KafkaTP] | None = None, asynchronous: bool = True) -> Any:
         raise KafkaException(KafkaError(KafkaError._STATE, "coordinator unknown"))
@@ -393,7 +416,7 @@ def test_a_lag_commit_the_broker_rejects_is_counted_not_told_to_the_core(
     core is not told (no ``commit_failed``: the database holds the position)."""
     db = tmp_path / "eo.db"
     consumer = _consumer(1, 100)
-    engine = _engine(db, consumer, max_messages=100)
+    engine = _engine(db, consumer, max_messages=100, commit_ms=0)  # a copy per transaction
     on_commit = engine.on_commit
 
     calls, delivered = [0], [0]

@@ -23,10 +23,13 @@ Exactly-once into a database stores positions only in the database, so the
 group's offsets in Kafka would stay unset and ``kafka-consumer-groups``,
 Burrow or KEDA would see no lag. With a sink that does not commit the group's
 offsets itself (:attr:`~htmqc.ports.Sink.commits_group_offsets` false: SQL),
-:class:`ExactlyOnce` hands each watermark the core accepted as stored
+:class:`ExactlyOnce` hands the watermarks the core accepted as stored
 (``commit_acked`` true after the database commit) to
 :meth:`AtLeastOnce.mirror`: the at-least-once path's asynchronous Kafka
-commit, without telling the core anything. It is a copy for lag tools only:
+commit, without telling the core anything; at most once per ``--commit-ms``
+(the latest of each partition; a Kafka commit per transaction would cost the
+run a tenth of its throughput), and at once when a revoke or the shutdown
+commits, before the partitions leave. It is a copy for lag tools only:
 nothing reads it back (positions on assignment come from the sink's ``claim``),
 it may lag behind or fail; failures are counted (:attr:`AtLeastOnce.lag_failures`,
 ``htmqc_kafka_lag_commit_failures_total``) and logged at most once per
@@ -283,6 +286,7 @@ class ExactlyOnce:
         txn_seconds: float,
         *,
         lag: AtLeastOnce | None = None,
+        lag_seconds: float = 0.0,
     ) -> None:
         self.engine = engine
         self.worker = worker
@@ -291,6 +295,13 @@ class ExactlyOnce:
         #: tools (:meth:`AtLeastOnce.mirror`), or ``None`` (off, or a sink that
         #: commits the group's offsets itself).
         self.lag = lag
+        #: At most one lag copy per this many seconds (``--commit-ms``): each is
+        #: a Kafka commit, and a copy per transaction costs the run a tenth of
+        #: its throughput for nothing a lag tool can see.
+        self.lag_seconds = lag_seconds
+        #: Stored watermarks not copied yet: the latest per partition.
+        self._lag_due: dict[TopicPartition, Commit] = {}
+        self._lag_copied = float("-inf")
         #: A ``commit_due`` was answered and its outcome has not come back.
         self.in_flight = False
         #: A commit was asked for (``commit`` request) and not answered yet.
@@ -333,7 +344,9 @@ class ExactlyOnce:
             ]
             if self.lag is not None and stored:
                 # The core's committed watermarks, after the database commit.
-                self.lag.mirror(stored)
+                for commit in stored:
+                    self._lag_due[commit.tp] = commit
+                self.copy_lag(self.last_commit)
             self.commits += 1
             if payload and e.metrics is not None:
                 e.metrics.observe_commit_latencies([seconds])
@@ -341,6 +354,17 @@ class ExactlyOnce:
             e.ownership.fenced_by(report[1])
         elif kind == "aborted":
             e.ownership.sink_ready()
+
+    def copy_lag(self, now: float, *, force: bool = False) -> None:
+        """Copy the stored watermarks not copied yet to the group's offsets
+        (:attr:`lag`) if :attr:`lag_seconds` passed since the last copy, or
+        ``force`` (a revoke, the shutdown: before the partitions leave)."""
+        if self.lag is None or not self._lag_due:
+            return
+        if force or now - self._lag_copied >= self.lag_seconds:
+            self._lag_copied = now
+            due, self._lag_due = list(self._lag_due.values()), {}
+            self.lag.mirror(due)
 
     def settled(self) -> bool:
         """No commit asked for or under way."""
@@ -354,7 +378,9 @@ class ExactlyOnce:
 
     def tick(self, now: float) -> None:
         """Each turn: with the worker idle and a transaction period over, commit
-        whatever the core has (gaps, dead letters, the open transaction's tail)."""
+        whatever the core has (gaps, dead letters, the open transaction's tail);
+        copy the stored watermarks for lag tools if that is due."""
+        self.copy_lag(now)
         if (
             self.settled()
             and self.worker.idle
@@ -382,6 +408,8 @@ class ExactlyOnce:
         self.ask()
         done = self.engine.await_(self.settled, deadline)
         self.stuck = not done
+        with self.engine.lock:
+            self.copy_lag(self.engine.clock.monotonic(), force=True)
         return done
 
     def doom(self) -> None:

@@ -243,7 +243,8 @@ class Engine:
             lag = (options.kafka_lag_commits and options.source == KAFKA
                    and not sink.commits_group_offsets)
             self.eo = ExactlyOnce(
-                self, worker, options.txn_ms / 1000.0, lag=self.alo if lag else None
+                self, worker, options.txn_ms / 1000.0, lag=self.alo if lag else None,
+                lag_seconds=options.commit_ms / 1000.0,
             )
         else:
             self.alo = AtLeastOnce(
@@ -543,6 +544,12 @@ class Engine:
         batch = o.batch_size
         workers = self.workers
         busy = not workers.idle or bool(self.failures.timers)
+        if workers.asking and not self.lockstep:
+            # A worker blocks until the loop answers (an exactly-once commit
+            # handshake): answer before fetching and dispatching a batch, which
+            # would keep it waiting that long for nothing.
+            with self.lock:
+                self.serve()
         real = time.monotonic()
         if workers.saturated and real - self._polled < _POLL_EVERY:
             # The workers have enough to do: leave the messages in librdkafka's

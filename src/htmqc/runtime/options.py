@@ -194,11 +194,13 @@ class RunOptions:
         100.0, "milliseconds per sink transaction", limits=(0, 86_400_000, False)
     )
     commit_ms: float = opt(
-        500.0, "at-least-once commit interval, ms", limits=(0, 86_400_000, False)
+        500.0, "at-least-once commit interval, ms (exactly-once: of the lag commits)",
+        limits=(0, 86_400_000, False),
     )
     kafka_lag_commits: bool = opt(
-        True, "exactly-once into a database: also commit each stored watermark to the "
-        "consumer group, after the database commit, asynchronously and best effort, so "
+        True, "exactly-once into a database: also commit the stored watermarks to the "
+        "consumer group, after the database commit (at most every --commit-ms, and on "
+        "revoke and shutdown), asynchronously and best effort, so "
         "kafka-consumer-groups, Burrow and KEDA see the lag; never read back (positions "
         "come from the database only). Default on; --no-kafka-lag-commits leaves the "
         "group's offsets unset",

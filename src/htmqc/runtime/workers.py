@@ -199,6 +199,11 @@ class Workers(ABC):
         now would only make it wait in memory."""
         return self._outstanding >= 2 * len(self._inbox) and self._waiting == 0
 
+    @property
+    def asking(self) -> bool:
+        """A worker waits for the loop's answer (:meth:`_ask_loop`)."""
+        return self._waiting > 0
+
     def quiet(self) -> bool:
         """Nothing can happen without the loop: every command is done, or a
         worker waits for the loop's answer (the commands behind it wait too)."""
@@ -226,11 +231,14 @@ class Workers(ABC):
 
     # -- the workers' side -----------------------------------------------------------
 
-    def report(self, item: tuple[Any, ...]) -> None:
-        """Put ``item`` on the report queue and wake the loop."""
+    def report(self, item: tuple[Any, ...], *, wake: bool = True) -> None:
+        """Put ``item`` on the report queue and (``wake``) wake the loop. A
+        report that need not wake it is served at the loop's next turn: at the
+        latest when this command ends, the worker asks, or the busy wait ends."""
         self.reports.put(item)
-        with self.changed:
-            self.changed.notify_all()
+        if wake:
+            with self.changed:
+                self.changed.notify_all()
 
     def _serve(self, index: int) -> None:
         inbox = self._inbox[index]
@@ -428,6 +436,11 @@ class TransactionWorker(Workers):
         self._urgent: deque[tuple[Any, ...]] = deque()
         self._answers: queue.SimpleQueue[Payload | None] = queue.SimpleQueue()
         self._doom = False
+        #: Set (by the loop) with every urgent request and doom, cleared by the
+        #: worker before it looks at them: what :meth:`_interrupt` reads, so the
+        #: check before each handler call is one flag and one clock reading.
+        self._poked = False
+        self._now = clock.monotonic
         self._stop = threading.Event()
 
     # -- the loop's side -------------------------------------------------------------
@@ -436,6 +449,7 @@ class TransactionWorker(Workers):
         """Run ``command`` (``commit``, ``claim``, ``close``) before any more handler
         call: at once when idle, else as soon as the running call returns."""
         self._urgent.append(command)
+        self._poked = True
         self.send(0, ("wake",))
 
     def answer(self, payload: Payload | None) -> None:
@@ -446,6 +460,7 @@ class TransactionWorker(Workers):
     def doom(self) -> None:
         """Roll the open transaction back instead of committing it (module docs)."""
         self._doom = True
+        self._poked = True
         self.send(0, ("wake",))
 
     def stop(self) -> None:
@@ -500,7 +515,7 @@ class TransactionWorker(Workers):
 
     def _interrupt(self) -> bool:
         """Asked before each handler call: something must happen first."""
-        return bool(self._urgent) or self._doom or self.clock.monotonic() >= self._deadline
+        return self._poked or self._now() >= self._deadline
 
     def _open(self) -> SinkTransaction:
         txn = self.txn
@@ -634,6 +649,7 @@ class TransactionWorker(Workers):
 
     def _checkpoint(self) -> None:
         """Between handler calls: a doom, urgent requests, a due transaction."""
+        self._poked = False  # before looking: a later poke is seen at the next call
         if self._doom:
             self._doom = False
             self._roll_back()
@@ -736,7 +752,9 @@ class _CountingReport(_ReportTo):
 
     def succeeded(self, lease: Lease, done: Done) -> None:
         self._txn.count += len(done.offsets)
-        super().succeeded(lease, done)
+        # The loop needs successes by the commit handshake, which wakes it: a
+        # wake per piece only costs both threads a context switch and the GIL.
+        self._txn.report(("ok", lease, done), wake=False)
 
 
 class SinkGaveUp(RuntimeFailure):
