@@ -1009,20 +1009,21 @@ class PulsarClient:
         """``(low, high)`` of a partition (:meth:`PulsarAdmin.watermarks`)."""
         return self.admin.watermarks(topic, partition)
 
-    def committed(self, group: str, topic: str, partition: int) -> int | None:
-        """The group's committed offset of a partition (at-least-once), or ``None``."""
+    def _last_commit(self, group: str, topic: str, partition: int) -> tuple[int, str | None] | None:
+        """``(offset, metadata)`` of the group's last commit of a partition, or ``None``."""
         name = commits_topic(group, topic)
         if not _plain_exists(self.admin, name):
             return None
-        got = decode_commits(read_all(self.client, name)).get(partition)
+        return decode_commits(read_all(self.client, name)).get(partition)
+
+    def committed(self, group: str, topic: str, partition: int) -> int | None:
+        """The group's committed offset of a partition (at-least-once), or ``None``."""
+        got = self._last_commit(group, topic, partition)
         return None if got is None else got[0]
 
     def commit_metadata(self, group: str, topic: str, partition: int) -> str | None:
         """The metadata of the group's last commit of a partition, or ``None``."""
-        name = commits_topic(group, topic)
-        if not _plain_exists(self.admin, name):
-            return None
-        got = decode_commits(read_all(self.client, name)).get(partition)
+        got = self._last_commit(group, topic, partition)
         return None if got is None else got[1]
 
     def read(self, topic: str) -> list[Any]:
