@@ -9,7 +9,9 @@ Pulsar partitioned topic, in subprocesses, against a private standalone broker
   window;
 * at-least-once dead letters are published to the topic ``TOPIC.dlq``;
 * ``--create-topic`` creates the partitioned topic, a missing one is refused in one
-  line.
+  line;
+* pulsar-client's C++ lines go through ``--log-format json`` at ``--log-level DEBUG``
+  and are not shown below it.
 
 Exactly-once into SQLite across a SIGKILL, shared by every source, is in
 test_source_contract.py. The audit helpers are the Kafka tests'
@@ -18,6 +20,7 @@ test_source_contract.py. The audit helpers are the Kafka tests'
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -130,3 +133,26 @@ def test_create_topic_and_a_missing_topic(
     assert finish(proc, 60) == 0, log.read_text()[-2000:]
     assert sorted(effect_ids(db)) == list(range(30))
     assert positions(db) == {0: 10, 1: 10, 2: 10}
+
+
+@pytest.mark.parametrize("level", ["DEBUG", "INFO"])
+def test_the_clients_own_lines_are_json_and_shown_only_at_debug(
+    pulsar_server: PulsarServer,
+    client: PulsarClient,
+    topic_name: Callable[[], str],
+    tmp_path: Path,
+    level: str,
+) -> None:
+    url, topic = pulsar_server.bootstrap, topic_name()
+    produce(url, topic, 20, partitions=2, client=client)
+    log = tmp_path / "run.log"
+    proc = htmqc_run(
+        url, topic, "examples.effects:record",
+        *pulsar(*exactly_once_args(tmp_path / "eo.db", "g-log", "--idle-exit", "2",
+                                   "--log-format", "json", "--log-level", level)),
+        log=log,
+    )  # fmt: skip
+    assert finish(proc, 60) == 0, log.read_text()[-2000:]
+    lines = [json.loads(line) for line in log.read_text().splitlines()]  # each one JSON
+    loggers = {line["logger"] for line in lines}
+    assert ("pulsar" in loggers) is (level == "DEBUG"), sorted(loggers)

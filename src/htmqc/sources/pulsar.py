@@ -516,16 +516,32 @@ def _text(value: bytes | None) -> str:
     return (value or b"").decode("utf-8", "surrogateescape")
 
 
+#: The Python logger pulsar-client's C++ lines go to at ``--log-level DEBUG``, through
+#: the configured handler (``--log-format json`` too): one of
+#: :data:`htmqc.logs.CLIENT_LOGGERS`, quieted below ``DEBUG``.
+CLIENT_LOGGER = "pulsar"
+
+
 def client_logger(quiet: bool = False) -> Any:
-    """pulsar-client's C++ logger: errors to the console, or nothing (``quiet``: the
-    lease client, whose standby attempts fail with ``ConsumerBusy`` every
-    :data:`STANDBY_POLL` s; this module logs what the lease does). Not a Python
-    ``logging.Logger``: with one, the process may abort at exit ("terminate called
-    without an active exception", apache/pulsar-client-python#256)."""
+    """pulsar-client's C++ logger. Like pika's and rstream's lines, its lines repeat
+    what this module reports itself, so they show at ``--log-level DEBUG`` only: there
+    they go to the Python logger :data:`CLIENT_LOGGER` (so ``--log-format json``
+    formats them); below it (``htmqc.logs.setup`` quieted that logger) nowhere.
+    Without ``setup`` (a library user, a test) its errors go to the console, as
+    before. ``quiet``: nowhere (the lease client, whose standby attempts fail with
+    ``ConsumerBusy`` every :data:`STANDBY_POLL` s; this module logs what the lease
+    does).
+
+    The Python logger is given at ``DEBUG`` only: with one the process may abort at
+    exit ("terminate called without an active exception",
+    apache/pulsar-client-python#256)."""
     import pulsar  # type: ignore[import-untyped]
 
-    if quiet:
+    logger = logging.getLogger(CLIENT_LOGGER)
+    if quiet or not logger.isEnabledFor(logging.ERROR):
         return pulsar.FileLogger(pulsar.LoggerLevel.Error, os.devnull)
+    if logger.isEnabledFor(logging.DEBUG):
+        return logger
     return pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
 
 
