@@ -136,6 +136,8 @@ from htmqc.sources.pumped import (
     TP,
     Deliveries,
     LogMessage,
+    Numbered,
+    NumberedProducer,
     PumpedConsumer,
     _Partition,
     check_plain,
@@ -1111,40 +1113,22 @@ def _plain_exists(admin: PulsarAdmin, topic: str) -> bool:
     return True
 
 
-def produce(
-    bootstrap: str,
-    topic: str,
-    count: int,
-    *,
-    partitions: int,
-    keys: int = 100,
-    size: int = 100,
-    start_id: int = 0,
-    client: PulsarClient | None = None,
+def _publish_numbered(
+    pc: PulsarClient, topic: str, partitions: int, messages: Iterable[Numbered]
 ) -> int:
-    """Write ``count`` numbered messages (:mod:`htmqc.produce`'s format: key
-    ``k{i % keys}``, value the zero-padded id, the id property) to ``topic``, creating
-    it with ``partitions`` partitions if missing. Message ``i`` goes to partition
-    ``i % partitions``. Returns ``count``."""
-    from htmqc.produce import ID_HEADER, message_key, message_value
+    """:data:`produce`'s messages, the id as a property, to their partitions."""
+    from htmqc.produce import ID_HEADER
 
-    own = client is None
-    pc = client or PulsarClient(bootstrap)
-    try:
-        pc.create_topic(topic, partitions)
+    return pc.publish_many(topic, partitions, (
+        (m.partition, (m.value, None if m.key is None else _text(m.key), {ID_HEADER: str(m.id)}))
+        for m in messages
+    ))  # fmt: skip
 
-        def records() -> Iterable[tuple[int, Any]]:
-            for i in range(start_id, start_id + count):
-                key = message_key(i, keys)
-                yield i % partitions, (
-                    message_value(i, size), None if key is None else _text(key),
-                    {ID_HEADER: str(i)},
-                )  # fmt: skip
 
-        return pc.publish_many(topic, partitions, records())
-    finally:
-        if own:
-            pc.close()
+#: ``produce(bootstrap, topic, count, *, partitions, keys=100, size=100, start_id=0,
+#: client=None)``: numbered test messages to a partitioned topic, created if missing
+#: (:class:`~htmqc.sources.pumped.NumberedProducer`).
+produce = NumberedProducer(PulsarClient, _publish_numbered)
 
 
 class PulsarProducer(Deliveries):
