@@ -113,12 +113,16 @@ Not done
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import json
 import logging
 import math
 import os
+import re
 import socket
+import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -528,23 +532,89 @@ def client_logger(quiet: bool = False) -> Any:
     """pulsar-client's C++ logger. Like pika's and rstream's lines, its lines repeat
     what this module reports itself, so they show at ``--log-level DEBUG`` only: there
     they go to the Python logger :data:`CLIENT_LOGGER` (so ``--log-format json``
-    formats them); below it (``htmqc.logs.setup`` quieted that logger) nowhere.
-    Without ``setup`` (a library user, a test) its errors go to the console, as
-    before. ``quiet``: nowhere (the lease client, whose standby attempts fail with
-    ``ConsumerBusy`` every :data:`STANDBY_POLL` s; this module logs what the lease
-    does).
+    formats them) through :class:`_ClientLog`; below it (``htmqc.logs.setup``
+    quieted that logger) nowhere. Without ``setup`` (a library user, a test) its
+    errors go to the console. ``quiet``: nowhere (the lease client, whose standby
+    attempts fail with ``ConsumerBusy`` every :data:`STANDBY_POLL` s; this module
+    logs what the lease does).
 
-    The Python logger is given at ``DEBUG`` only: with one the process may abort at
-    exit ("terminate called without an active exception",
-    apache/pulsar-client-python#256)."""
+    Never a Python ``logging.Logger`` itself: with one the process may abort at exit
+    ("terminate called without an active exception",
+    apache/pulsar-client-python#256; seen here once in 12 runs with a dead-letter
+    producer)."""
     import pulsar  # type: ignore[import-untyped]
 
     logger = logging.getLogger(CLIENT_LOGGER)
     if quiet or not logger.isEnabledFor(logging.ERROR):
         return pulsar.FileLogger(pulsar.LoggerLevel.Error, os.devnull)
     if logger.isEnabledFor(logging.DEBUG):
-        return logger
+        return pulsar.FileLogger(pulsar.LoggerLevel.Debug, _ClientLog.path())
     return pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+
+
+#: A line of pulsar-client's file logger:
+#: ``2021-03-24 17:35:46.571 INFO  [0x10a951e00] ConnectionPool:85 | Created ...``
+_CLIENT_LINE = re.compile(r"\S+ \S+ (?P<level>[A-Z]+)\s+\[[^\]]*\] (?P<msg>.*)")
+_CLIENT_LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARN": logging.WARNING,
+                  "ERROR": logging.ERROR}  # fmt: skip
+
+
+class _ClientLog:
+    """A file pulsar-client's C++ logger appends to (one a process, removed at exit)
+    and a thread that passes each of its lines to :data:`CLIENT_LOGGER` at the
+    line's level: C++ threads never call into Python. What is left is passed on at
+    exit (``atexit``), before the interpreter stops."""
+
+    _lock = threading.Lock()
+    _path: str | None = None
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.rest = b""
+        self.reading = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._follow, name="htmqc-pulsar-log", daemon=True)
+
+    @classmethod
+    def path(cls) -> str:
+        """The file, created (and followed) on first use."""
+        with cls._lock:
+            if cls._path is None:
+                fd, cls._path = tempfile.mkstemp(prefix="htmqc-pulsar-", suffix=".log")
+                log = cls(fd)
+                log.thread.start()
+                atexit.register(log.close, cls._path)
+            return cls._path
+
+    def _follow(self) -> None:
+        while not self.stop.wait(0.0 if self.pass_on() else 0.1):
+            pass
+
+    def pass_on(self) -> bool:
+        """Log the lines appended since the last call; whether there were any."""
+        with self.reading:
+            chunk = os.read(self.fd, 1 << 16)
+            if not chunk:
+                return False
+            *lines, self.rest = (self.rest + chunk).split(b"\n")
+        logger = logging.getLogger(CLIENT_LOGGER)
+        for raw in lines:
+            line = raw.decode("utf-8", "replace").rstrip()
+            got = _CLIENT_LINE.fullmatch(line)
+            level = _CLIENT_LEVELS.get(got["level"], logging.INFO) if got else logging.INFO
+            logger.log(level, "%s", got["msg"] if got else line)
+        return True
+
+    def close(self, path: str) -> None:
+        """Stop following, pass the rest on, remove the file."""
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join(2)
+        with contextlib.suppress(OSError):
+            while self.pass_on():
+                pass
+            os.close(self.fd)
+            os.unlink(path)
 
 
 def new_client(endpoint: Endpoint, connect_seconds: float, quiet: bool = False) -> Any:
