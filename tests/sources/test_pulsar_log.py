@@ -9,10 +9,12 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from htmqc.sources.pulsar import CLIENT_LOGGER, _ClientLog
+from tests.services import require_module
 
 
 def test_each_line_is_logged_at_its_level_and_the_rest_at_close(
@@ -41,3 +43,27 @@ def test_each_line_is_logged_at_its_level_and_the_rest_at_close(
         (CLIENT_LOGGER, logging.ERROR, "ClientImpl:7 | Lookup failed"),
     ]
     assert not path.exists()
+
+
+def test_which_logger_a_client_gets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below DEBUG (``htmqc.logs.setup`` quieted ``pulsar``) and for the quiet lease
+    client: nothing; at DEBUG without a temporary file: the console; never a Python
+    logger (it may abort the process at exit)."""
+    pulsar: Any = require_module("pulsar")
+    from htmqc.sources import pulsar as adapter
+
+    def no_file(*args: object, **kwargs: object) -> tuple[int, str]:
+        raise OSError("read-only")
+
+    logger = logging.getLogger(CLIENT_LOGGER)
+    was = logger.level
+    try:
+        logger.setLevel(logging.CRITICAL)
+        assert adapter.client_logger().log_file == os.devnull
+        logger.setLevel(logging.DEBUG)
+        assert adapter.client_logger(quiet=True).log_file == os.devnull
+        monkeypatch.setattr(_ClientLog, "_path", None)
+        monkeypatch.setattr(adapter.tempfile, "mkstemp", no_file)
+        assert isinstance(adapter.client_logger(), pulsar.ConsoleLogger)
+    finally:
+        logger.setLevel(was)

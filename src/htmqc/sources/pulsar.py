@@ -548,7 +548,8 @@ def client_logger(quiet: bool = False) -> Any:
     if quiet or not logger.isEnabledFor(logging.ERROR):
         return pulsar.FileLogger(pulsar.LoggerLevel.Error, os.devnull)
     if logger.isEnabledFor(logging.DEBUG):
-        return pulsar.FileLogger(pulsar.LoggerLevel.Debug, _ClientLog.path())
+        with contextlib.suppress(OSError):  # no temporary file: the console, as before
+            return pulsar.FileLogger(pulsar.LoggerLevel.Debug, _ClientLog.path())
     return pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
 
 
