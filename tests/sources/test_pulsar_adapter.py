@@ -5,10 +5,10 @@ headers, watermarks; a seek inside a batch and past the end (then new messages);
 redelivery filter (a reader that delivers again after a reconnect); commits with their
 metadata in the commit topic, reported only once the broker confirmed them; the lease
 (an Exclusive subscription: a standby takes over when the holder goes, a member whose
-subscription stays disconnected stops, an unload is survived); dead letters; bootstrap
-URLs. Run-level evidence is in ``test_pulsar_run.py``; seek, pause, ordered commits
-and refusals in one line, shared with NATS and RabbitMQ, and dense offsets with keys,
-headers and watermarks and a standby's takeover, shared with RabbitMQ, in
+subscription stays disconnected stops, an unload is survived); bootstrap URLs. Run-level
+evidence is in ``test_pulsar_run.py``; seek, pause, ordered commits, refusals in one line
+and the dead-letter producer, shared with NATS and RabbitMQ, and dense offsets with
+keys, headers and watermarks and a standby's takeover, shared with RabbitMQ, in
 ``test_source_contract.py``."""
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from htmqc.sources.pulsar import (
     OffsetMapper,
     PulsarClient,
     PulsarConsumer,
-    PulsarProducer,
     _Fetch,
     endpoint_of,
     produce,
@@ -297,29 +296,6 @@ def test_unloaded_partitions_reconnect_without_a_repeat_or_a_skip(
         assert sorted(parse_id(m.value()) for m in got) == list(range(600))
     finally:
         consumer.close()
-
-
-def test_dead_letters_go_to_their_own_topics(
-    pulsar_server: PulsarServer, client: PulsarClient, topic_name: Callable[[], str]
-) -> None:
-    topic = topic_name()
-    producer = PulsarProducer(pulsar_server.bootstrap, topic)
-    outcomes: list[Any] = []
-    try:
-        producer.produce(
-            f"{topic}.dlq", value=b"v", key=b"k", headers=[("why", b"boom")],
-            on_delivery=lambda err, _m: outcomes.append(err),
-        )  # fmt: skip
-        producer.produce(f"{topic}.dlq.poison", value=b"p", key=None, headers=None)
-        assert producer.flush(10) == 0
-    finally:
-        producer.close()
-    assert outcomes == [None]
-    letters = client.read(f"{topic}.dlq")
-    assert [(m.data(), m.partition_key(), m.properties()) for m in letters] == [
-        (b"v", "k", {"why": "boom"})
-    ]
-    assert [m.data() for m in client.read(f"{topic}.dlq.poison")] == [b"p"]
 
 
 def test_bootstrap_urls() -> None:

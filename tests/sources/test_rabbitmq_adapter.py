@@ -1,10 +1,10 @@
-"""The RabbitMQ Streams adapter (:mod:`htmqc.sources.rabbitmq`) against a private
-node (:mod:`htmqc.sources.rabbitmq_server`): offsets are stream offsets (dense from
-0; retention moves the first one forward and a read below it starts there: a gap),
-dead letters, bootstrap URLs, and a node that leaves nothing running. Run-level
-evidence is in ``test_rabbitmq_run.py``; seek, pause, ordered commits (without metadata
-here) and refusals in one line, shared with NATS and Pulsar, and dense offsets with
-keys and headers and the lease (a standby takes over when the holder goes), shared
+"""The RabbitMQ Streams adapter (:mod:`htmqc.sources.rabbitmq`) against a private node
+(:mod:`htmqc.sources.rabbitmq_server`): offsets are stream offsets (dense from 0;
+retention moves the first one forward and a read below it starts there: a gap),
+bootstrap URLs, and a node that leaves nothing running. Run-level evidence is in
+``test_rabbitmq_run.py``; seek, pause, ordered commits (without metadata here), refusals
+in one line and the dead-letter producer, shared with NATS and Pulsar, and dense offsets
+with keys and headers and the lease (a standby takes over when the holder goes), shared
 with Pulsar, in ``test_source_contract.py``."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,7 +20,6 @@ from htmqc.sources.rabbitmq import (
     Endpoint,
     RabbitStreamClient,
     RabbitStreamConsumer,
-    RabbitStreamProducer,
     endpoint_of,
     produce,
 )
@@ -51,32 +49,6 @@ def test_retention_moves_the_low_watermark_and_a_read_below_it_starts_at_the_fir
         assert [m.offset() for m in got] == list(range(low, 600)), "a gap, then dense"
     finally:
         consumer.close()
-
-
-def test_dead_letters_go_to_their_own_streams(
-    rabbitmq_server: RabbitServer, client: RabbitStreamClient, topic_name: Callable[[], str]
-) -> None:
-    topic = topic_name()
-    producer = RabbitStreamProducer(rabbitmq_server.url, topic)
-    outcomes: list[Any] = []
-    try:
-        producer.produce(
-            f"{topic}.dlq", value=b"v", key=b"k", headers=[("why", b"boom")],
-            on_delivery=lambda err, _m: outcomes.append(err),
-        )  # fmt: skip
-        producer.produce(f"{topic}.dlq.poison", value=b"p", key=None, headers=None)
-        assert producer.flush(10) == 0
-    finally:
-        producer.close()
-    assert outcomes == [None]
-    assert client.call(client.consumer.stream_exists(f"{topic}.dlq.poison"))
-    assert client.call(_watermarks(client, f"{topic}.dlq")) == (0, 1)
-
-
-async def _watermarks(client: RabbitStreamClient, stream: str) -> tuple[int, int]:
-    from htmqc.sources.rabbitmq import watermarks
-
-    return await watermarks(client.consumer, stream)
 
 
 def test_bootstrap_urls() -> None:

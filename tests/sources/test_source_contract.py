@@ -1,15 +1,16 @@
-"""What every non-Kafka source must do alike, run on each (``nats``,
-``rabbitmq-stream``, ``pulsar``) against its private server (tests/sources/conftest.py): a seek
-fetches again and a pause hides a partition; commits are stored in order and
-reported inside ``consume`` (with their metadata where the source keeps it); a
-missing topic or a second one is refused in one line, and so is a server that does
-not answer; ``htmqc run`` exactly-once into SQLite across a SIGKILL stores every
-effect once and resumes at the sink's positions; at-least-once dead letters are
-published to the log's ``TOPIC.dlq``. Where two sources share a test NATS does not
-(its offsets have holes, its successor waits out a lease), the test names them:
-dense offsets with keys, headers and watermarks, a standby member that takes over
-when the first goes, at-least-once across a SIGKILL with a standby. What differs
-per source is in ``test_nats_*.py``, ``test_rabbitmq_*.py`` and ``test_pulsar_*.py``."""
+"""What every non-Kafka source must do alike, run on each (``nats``, ``rabbitmq-stream``,
+``pulsar``) against its private server (tests/sources/conftest.py): a seek fetches again
+and a pause hides a partition; commits are stored in order and reported inside
+``consume`` (with their metadata where the source keeps it); a missing topic or a second
+one is refused in one line, and so is a server that does not answer; ``htmqc run``
+exactly-once into SQLite across a SIGKILL stores every effect once and resumes at the
+sink's positions; the dead-letter producer publishes to ``TOPIC.dlq`` and
+``TOPIC.dlq.poison``, and a run's at-least-once dead letters reach ``TOPIC.dlq``. Where
+two sources share a test NATS does not (its offsets have holes, its successor waits out
+a lease), the test names them: dense offsets with keys, headers and watermarks, a
+standby member that takes over when the first goes, at-least-once across a SIGKILL with
+a standby. What differs per source is in ``test_nats_*.py``, ``test_rabbitmq_*.py`` and
+``test_pulsar_*.py``."""
 
 from __future__ import annotations
 
@@ -250,10 +251,11 @@ def test_at_least_once_across_sigkill_a_standby_takes_over_and_loses_nothing(
 Letter = tuple[bytes, str, dict[str, str]]
 
 
-def dead_letters(source: Source, topic: str) -> list[Letter]:
-    """The messages of ``TOPIC.dlq`` now: a NATS subject (its stream ``TOPIC-dlq``;
-    the key a header), a Pulsar topic, a RabbitMQ stream."""
-    client, name = source.client, f"{topic}.dlq"
+def dead_letters(source: Source, topic: str, suffix: str = ".dlq") -> list[Letter]:
+    """The messages of ``TOPIC`` + ``suffix`` (``.dlq``, ``.dlq.poison``) now: a NATS
+    subject (of the stream ``TOPIC-dlq``; the key a header), a Pulsar topic, a
+    RabbitMQ stream. A message without a key has the key ``""``."""
+    client, name = source.client, f"{topic}{suffix}"
     if source.name == "pulsar":
         return [(m.data(), m.partition_key(), dict(m.properties())) for m in client.read(name)]
     if source.name == "nats":
@@ -265,7 +267,7 @@ def dead_letters(source: Source, topic: str) -> list[Letter]:
             out = []
             for m in msgs:
                 headers = dict(m.headers or {})
-                out.append((m.data, headers.pop(source.module.KEY_HEADER), headers))
+                out.append((m.data, headers.pop(source.module.KEY_HEADER, ""), headers))
             return out
 
         return client.call(fetch())  # type: ignore[no-any-return]
@@ -278,7 +280,7 @@ def dead_letters(source: Source, topic: str) -> list[Letter]:
         def on_message(msg: Any, ctx: Any) -> None:
             m = source.module.convert(name, 0, ctx.offset, ctx.timestamp, msg)
             headers = {k: v.decode() for k, v in m.headers() or []}
-            got.append((m.value(), m.key().decode(), headers))
+            got.append((m.value(), (m.key() or b"").decode(), headers))
 
         sid = await client.consumer.subscribe(name, on_message, decoder=amqp_decoder)
         await asyncio.sleep(0.5)
@@ -286,6 +288,36 @@ def dead_letters(source: Source, topic: str) -> list[Letter]:
         return got
 
     return client.call(read())  # type: ignore[no-any-return]
+
+
+#: ``--source`` -> its dead-letter producer (:class:`~htmqc.ports.ProducerPort`).
+PRODUCERS = {
+    "nats": "NatsProducer", "rabbitmq-stream": "RabbitStreamProducer", "pulsar": "PulsarProducer"
+}  # fmt: skip
+
+
+def test_dead_letters_go_to_their_own_streams(
+    source: Source, topic_name: Callable[[], str]
+) -> None:
+    """The dead-letter producer publishes to ``TOPIC.dlq`` and ``TOPIC.dlq.poison``
+    (created on first use), key and headers kept, and reports each delivery."""
+    topic = topic_name()
+    producer = getattr(source.module, PRODUCERS[source.name])(source.url, topic)
+    outcomes: list[Any] = []
+    try:
+        producer.produce(
+            f"{topic}.dlq", value=b"v", key=b"k", headers=[("why", b"boom")],
+            on_delivery=lambda err, _m: outcomes.append(err),
+        )  # fmt: skip
+        producer.produce(f"{topic}.dlq.poison", value=b"p", key=None, headers=None)
+        assert producer.flush(10) == 0
+    finally:
+        producer.close()
+    assert outcomes == [None]
+    assert dead_letters(source, topic) == [(b"v", "k", {"why": "boom"})]
+    assert [value for value, _key, _headers in dead_letters(source, topic, ".dlq.poison")] == [
+        b"p"
+    ]
 
 
 def test_at_least_once_dead_letters_are_published_to_the_dlq(
