@@ -33,23 +33,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
-import shutil
 import sqlite3
-import statistics
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from htmqc.core import CONTRACTS_ENABLED
-from htmqc.runtime import RunOptions, build_engine
+from benchmarks import source_bench
+from benchmarks.source_bench import TOPIC, Producing, Variant, measure, print_ratios
 from htmqc.sources.nats import NatsClient, convert, produce, stream_name, subject
 from htmqc.sources.nats_server import start_nats
-
-RESULTS = Path(__file__).resolve().parent / "results" / "nats.json"
 
 
 def raw_loop(
@@ -215,50 +209,6 @@ def raw_sqlite_loop(url: str, topic: str, partitions: int, count: int, db: Path)
         conn.close()
 
 
-def htmqc_rate(
-    url: str, topic: str, count: int, handler: Any, source: str = "nats", **options: Any
-) -> float:
-    """msg/s of one htmqc engine run (``--source SOURCE``) over the whole topic."""
-    opts = RunOptions(
-        bootstrap=url, topic=topic, source=source, max_messages=count, **options
-    )
-    engine = build_engine(handler, opts)
-    engine.run(install_signals=False)
-    assert engine.finished >= count, engine.finished
-    assert engine.first_message_at is not None and engine.stopped_at is not None
-    return count / (engine.stopped_at - engine.first_message_at)
-
-
-class Producing:
-    """A source's client whose ``produce(url, topic, count, ...)`` writes through it."""
-
-    def __init__(self, client: Any, produce: Callable[..., int]) -> None:
-        self.client, self._produce = client, produce
-
-    def produce(self, url: str, topic: str, count: int, **kw: Any) -> int:
-        return self._produce(url, topic, count, client=self.client, **kw)
-
-    def close(self) -> None:
-        self.client.close()
-
-
-def summarize(results: dict[str, Any], runs: dict[str, list[float]]) -> dict[str, float]:
-    """Each variant's median rate (``results["msg_per_s"]``) and its ratio to
-    ``raw_loop`` (``results["ratio_to_raw"]``); returns the medians."""
-    medians = {k: statistics.median(v) for k, v in runs.items()}
-    results["msg_per_s"] = medians
-    raw = medians["raw_loop"]
-    results["ratio_to_raw"] = {k: round(v / raw, 3) for k, v in medians.items()}
-    return medians
-
-
-def write_results(out: Path, results: dict[str, Any]) -> None:
-    """``results`` as JSON into ``out``."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"written to {out}")
-
-
 def _server_version() -> str:
     from htmqc.sources.nats_server import nats_server_binary
 
@@ -269,108 +219,38 @@ def _server_version() -> str:
     return done.stdout.strip() or done.stderr.strip()
 
 
-def run_rounds(
-    variants: dict[str, Callable[[int], float]], rounds: int, runs: dict[str, list[float]]
-) -> None:
-    """Run every variant ``rounds`` times, interleaved, each rate into ``runs``."""
-    for r in range(rounds):
-        for name, run in variants.items():
-            rate = run(r)
-            runs.setdefault(name, []).append(rate)
-            print(f"round {r + 1} {name:<22} {rate:>10,.0f} msg/s", flush=True)
-
-
-def produce_topic(client: Any, url: str, topic: str, args: argparse.Namespace) -> None:
-    """Write the benchmark's topic (``args.count`` messages, 1,000 keys) with the
-    source's ``client``, then close it."""
-    try:
-        started = time.perf_counter()
-        client.produce(url, topic, args.count, partitions=args.partitions, keys=1000)
-        print(f"produced {args.count:,} in {time.perf_counter() - started:.1f} s", flush=True)
-    finally:
-        client.close()
-
-
-def _run_variants(
-    work: Path,
-    args: argparse.Namespace,
-    runs: dict[str, list[float]],
-    count_only: Callable[[Any], None],
-    record: Callable[[Any, Any], None],
-) -> None:
-    """Start the server, produce the topic, run every variant ``args.rounds`` times
-    (interleaved) into ``runs``; stop the server."""
+def _run(work: Path, args: argparse.Namespace, runs: dict[str, list[float]]) -> dict[str, Any]:
+    """Start the server (its store in ``work``), measure every variant, stop it."""
     with start_nats(store=work / "js") as server:
-        url, topic = server.url, "bench"
-        produce_topic(Producing(NatsClient(url), produce), url, topic, args)
-        parts = args.partitions
-        variants: dict[str, Callable[[int], float]] = {
-            "raw_loop": lambda r: raw_loop(url, topic, parts, args.count),
-            "raw_pull": lambda r: raw_pull(url, topic, parts, args.count),
-            "raw_sqlite": lambda r: raw_sqlite_loop(
-                url, topic, parts, args.count, work / f"raw-{r}.db"
-            ),
-            "at_least_once": lambda r: htmqc_rate(
-                url, topic, args.count, count_only, group=f"bench-alo-{r}"
-            ),
-            "exactly_once_sqlite": lambda r: htmqc_rate(
-                url, topic, args.count, record, group=f"bench-eo-{r}", mode="exactly-once",
-                sink=f"sqlite:///{work / f'eo-{r}.db'}",
-            ),
+        url, parts, n = server.url, args.partitions, args.count
+        raw: dict[str, Variant] = {
+            "raw_loop": lambda r: raw_loop(url, TOPIC, parts, n),
+            "raw_pull": lambda r: raw_pull(url, TOPIC, parts, n),
+            "raw_sqlite": lambda r: raw_sqlite_loop(url, TOPIC, parts, n, work / f"raw-{r}.db"),
         }
-        run_rounds(variants, args.rounds, runs)
+        measure("nats", url, Producing(NatsClient(url), produce), raw, work, args, runs)
+    return {}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run every variant ``--rounds`` times, interleaved; print and store the medians."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--count", type=int, default=200_000)
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
-    from importlib.metadata import version
-
-    from examples.effects import record
-
-    counted = [0]
-
-    def count_only(msg: Any) -> None:
-        counted[0] += 1
-
-    work = Path(tempfile.mkdtemp(prefix="htmqc-nats-bench-"))
-    results: dict[str, Any] = {
-        "count": args.count,
-        "partitions": args.partitions,
-        "size": 100,
-        "rounds": args.rounds,
-        "contracts": CONTRACTS_ENABLED,
-        "nats_server": _server_version(),
-        "nats_py": version("nats-py"),
-        "python": platform.python_version(),
-        "runs": {},
-    }
-    runs: dict[str, list[float]] = results["runs"]
-    try:
-        _run_variants(work, args, runs, count_only, record)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)  # the server's store and the databases
-    medians = summarize(results, runs)
-    raw = medians["raw_loop"]
+def _report(results: dict[str, Any], medians: dict[str, float]) -> None:
+    """The ratios to ``raw_loop`` and to ``raw_pull``, exactly-once to ``raw_sqlite``."""
     pull = medians["raw_pull"]
     results["ratio_to_raw_pull"] = {k: round(v / pull, 3) for k, v in medians.items()}
     results["exactly_once_sqlite_to_raw_sqlite"] = round(
         medians["exactly_once_sqlite"] / medians["raw_sqlite"], 3
     )
-    print()
-    for name, rate in medians.items():
-        print(
-            f"{name:<22} {rate:>10,.0f} msg/s  {rate / raw:5.2f}x raw_loop  "
-            f"{rate / pull:5.2f}x raw_pull"
-        )
+    print_ratios(medians, "raw_loop", "raw_pull")
     print(f"exactly_once_sqlite / raw_sqlite: {results['exactly_once_sqlite_to_raw_sqlite']:.2f}")
-    write_results(args.out, results)
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every variant ``--rounds`` times, interleaved; print and store the medians."""
+    from importlib.metadata import version
+
+    return source_bench.main(
+        argv, doc=__doc__ or "", name="nats", count=200_000, rounds=3, run=_run, report=_report,
+        versions=lambda: {"nats_server": _server_version(), "nats_py": version("nats-py")},
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -25,29 +25,15 @@ Run with contracts off: ``HTMQC_CONTRACTS=0 python -m benchmarks.pulsar_bench``.
 from __future__ import annotations
 
 import argparse
-import platform
-import shutil
-import tempfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.nats_bench import (
-    Producing,
-    htmqc_rate,
-    produce_topic,
-    run_rounds,
-    summarize,
-    write_results,
-)
-from htmqc.core import CONTRACTS_ENABLED
+from benchmarks import source_bench
+from benchmarks.source_bench import TOPIC, Producing, Variant, measure
 from htmqc.sources.pulsar import PulsarClient, partition_topic, produce
 from htmqc.sources.pulsar_server import start_pulsar
-
-RESULTS = Path(__file__).resolve().parent / "results" / "pulsar.json"
-SOURCE = "pulsar"
 
 
 def raw_loop(url: str, topic: str, partitions: int, count: int) -> float:
@@ -93,70 +79,25 @@ def raw_loop(url: str, topic: str, partitions: int, count: int) -> float:
     return rate
 
 
-def _run_variants(
-    work: Path,
-    args: argparse.Namespace,
-    runs: dict[str, list[float]],
-    count_only: Callable[[Any], None],
-    record: Callable[[Any, Any], None],
-) -> None:
-    """Start the broker, produce the topic, run every variant ``args.rounds`` times
-    (interleaved) into ``runs``; stop the broker."""
+def _run(work: Path, args: argparse.Namespace, runs: dict[str, list[float]]) -> dict[str, Any]:
+    """Start the broker, measure every variant, stop it."""
     with start_pulsar() as server:
-        url, topic = server.bootstrap, "bench"
-        produce_topic(Producing(PulsarClient(url), produce), url, topic, args)
-        parts = args.partitions
-        variants: dict[str, Callable[[int], float]] = {
-            "raw_loop": lambda r: raw_loop(server.url, topic, parts, args.count),
-            "at_least_once": lambda r: htmqc_rate(
-                url, topic, args.count, count_only, source=SOURCE, group=f"bench-alo-{r}"
-            ),
-            "exactly_once_sqlite": lambda r: htmqc_rate(
-                url, topic, args.count, record, source=SOURCE, group=f"bench-eo-{r}",
-                mode="exactly-once", sink=f"sqlite:///{work / f'eo-{r}.db'}",
-            ),
+        url = server.bootstrap  # the raw loop needs no admin port
+        raw: dict[str, Variant] = {
+            "raw_loop": lambda r: raw_loop(server.url, TOPIC, args.partitions, args.count)
         }
-        run_rounds(variants, args.rounds, runs)
+        measure("pulsar", url, Producing(PulsarClient(url), produce), raw, work, args, runs)
+    return {}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run every variant ``--rounds`` times, interleaved; print and store the medians."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--count", type=int, default=100_000)
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
     from importlib.metadata import version
 
-    from examples.effects import record
-
-    def count_only(msg: Any) -> None:
-        pass
-
-    work = Path(tempfile.mkdtemp(prefix="htmqc-pulsar-bench-"))
-    results: dict[str, Any] = {
-        "count": args.count,
-        "partitions": args.partitions,
-        "size": 100,
-        "rounds": args.rounds,
-        "contracts": CONTRACTS_ENABLED,
-        "pulsar_client": version("pulsar-client"),
-        "python": platform.python_version(),
-        "runs": {},
-    }
-    runs: dict[str, list[float]] = results["runs"]
-    try:
-        _run_variants(work, args, runs, count_only, record)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    medians = summarize(results, runs)
-    raw = medians["raw_loop"]
-    print()
-    for name, rate in medians.items():
-        print(f"{name:<22} {rate:>10,.0f} msg/s  {rate / raw:5.2f}x raw_loop")
-    write_results(args.out, results)
-    return 0
+    return source_bench.main(
+        argv, doc=__doc__ or "", name="pulsar", count=100_000, rounds=1, run=_run,
+        versions=lambda: {"pulsar_client": version("pulsar-client")},
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -26,28 +26,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import platform
-import shutil
-import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.nats_bench import (
-    Producing,
-    htmqc_rate,
-    produce_topic,
-    run_rounds,
-    summarize,
-    write_results,
-)
-from htmqc.core import CONTRACTS_ENABLED
+from benchmarks import source_bench
+from benchmarks.source_bench import TOPIC, Producing, Variant, measure, print_ratios
 from htmqc.sources.rabbitmq import RabbitStreamClient, connect, endpoint_of, produce, stream_name
 from htmqc.sources.rabbitmq_server import start_rabbitmq
-
-RESULTS = Path(__file__).resolve().parent / "results" / "rabbitmq.json"
-SOURCE = "rabbitmq-stream"
 
 
 def raw_loop(url: str, topic: str, partitions: int, count: int) -> float:
@@ -83,72 +69,33 @@ def raw_loop(url: str, topic: str, partitions: int, count: int) -> float:
     return asyncio.run(run())
 
 
-def _run_variants(
-    work: Path,
-    args: argparse.Namespace,
-    runs: dict[str, list[float]],
-    count_only: Callable[[Any], None],
-    record: Callable[[Any, Any], None],
-) -> float:
-    """Start the node, produce the topic, run every variant ``args.rounds`` times
-    (interleaved) into ``runs``; stop the node. Returns its start-up seconds."""
+def _run(work: Path, args: argparse.Namespace, runs: dict[str, list[float]]) -> dict[str, Any]:
+    """Start the node, measure every variant, stop it; its start-up seconds."""
     with start_rabbitmq() as server:
-        url, topic = server.url, "bench"
-        produce_topic(Producing(RabbitStreamClient(url), produce), url, topic, args)
-        parts = args.partitions
-        variants: dict[str, Callable[[int], float]] = {
-            "raw_loop": lambda r: raw_loop(url, topic, parts, args.count),
-            "at_least_once": lambda r: htmqc_rate(
-                url, topic, args.count, count_only, source=SOURCE, group=f"bench-alo-{r}"
-            ),
-            "exactly_once_sqlite": lambda r: htmqc_rate(
-                url, topic, args.count, record, source=SOURCE, group=f"bench-eo-{r}",
-                mode="exactly-once", sink=f"sqlite:///{work / f'eo-{r}.db'}",
-            ),
+        url = server.url
+        raw: dict[str, Variant] = {
+            "raw_loop": lambda r: raw_loop(url, TOPIC, args.partitions, args.count)
         }
-        run_rounds(variants, args.rounds, runs)
-        return server.started_seconds
+        measure(
+            "rabbitmq-stream", url, Producing(RabbitStreamClient(url), produce), raw, work,
+            args, runs,
+        )  # fmt: skip
+        return {"node_start_s": round(server.started_seconds, 2)}
+
+
+def _report(results: dict[str, Any], medians: dict[str, float]) -> None:
+    print_ratios(medians, "raw_loop")
+    print(f"node started in {results['node_start_s']} s")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run every variant ``--rounds`` times, interleaved; print and store the medians."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--count", type=int, default=100_000)
-    parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    args = parser.parse_args(argv)
     from importlib.metadata import version
 
-    from examples.effects import record
-
-    def count_only(msg: Any) -> None:
-        pass
-
-    work = Path(tempfile.mkdtemp(prefix="htmqc-rabbitmq-bench-"))
-    results: dict[str, Any] = {
-        "count": args.count,
-        "partitions": args.partitions,
-        "size": 100,
-        "rounds": args.rounds,
-        "contracts": CONTRACTS_ENABLED,
-        "rstream": version("rstream"),
-        "python": platform.python_version(),
-        "runs": {},
-    }
-    runs: dict[str, list[float]] = results["runs"]
-    try:
-        results["node_start_s"] = round(_run_variants(work, args, runs, count_only, record), 2)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    medians = summarize(results, runs)
-    raw = medians["raw_loop"]
-    print()
-    for name, rate in medians.items():
-        print(f"{name:<22} {rate:>10,.0f} msg/s  {rate / raw:5.2f}x raw_loop")
-    print(f"node started in {results['node_start_s']} s")
-    write_results(args.out, results)
-    return 0
+    return source_bench.main(
+        argv, doc=__doc__ or "", name="rabbitmq", count=100_000, rounds=1, run=_run,
+        report=_report, versions=lambda: {"rstream": version("rstream")},
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -334,8 +334,9 @@ def flush_repeats() -> None:
 
 #: Client libraries whose own log lines (pika and rstream log a lost connection as
 #: an ERROR with a traceback) repeat what htmqc reports itself in one line: shown at
-#: ``--log-level DEBUG``.
-CLIENT_LOGGERS = ("pika", "rstream")
+#: ``--log-level DEBUG``. ``pulsar``: pulsar-client's C++ lines
+#: (:func:`htmqc.sources.pulsar.client_logger`).
+CLIENT_LOGGERS = ("pika", "rstream", "pulsar")
 
 
 def setup(level: str = "INFO", fmt: str = "text", stream: IO[str] | None = None) -> None:

@@ -377,3 +377,44 @@ def test_an_idle_poll_waits_at_most_poll_wait_ms(wait_ms: float) -> None:
     engine.run(install_signals=False)
     assert waits and set(waits) <= {0, wait_ms / 1000.0}
     assert wait_ms / 1000.0 in waits
+
+
+
+@pytest.mark.parametrize("users", [True, False])
+def test_a_users_own_error_cb_is_called_and_the_engine_still_hears_the_error(
+    users: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``build_engine`` chains an ``error_cb`` of the user's own (``kafka_config``)
+    with the engine's: librdkafka calls the one in the consumer config, and both must
+    hear "all brokers down" (the user's first), so ``/readyz`` still says so."""
+    import confluent_kafka
+
+    from htmqc.runtime import launch
+
+    heard: list[Any] = []
+    configs: list[dict[str, Any]] = []
+
+    def consumer(config: dict[str, Any]) -> FakeConsumer:
+        configs.append(config)
+        return FakeConsumer([])
+
+    monkeypatch.setattr(confluent_kafka, "Consumer", consumer)
+    monkeypatch.setattr(launch, "check_topic", lambda *args, **kwargs: None)
+    kafka_config: dict[str, Any] = {"error_cb": heard.append} if users else {}
+    opts = RunOptions(bootstrap="fake:1", topic=TOPIC, group="g", kafka_config=kafka_config)
+    engine = launch.build_engine(lambda m: None, opts)
+    with engine.lock:
+        engine.ownership.any_assigned = True
+    assert engine.ready() == (True, "")
+    down = KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down")
+    heard_by_engine = engine.on_consumer_error
+
+    def engine_heard(err: Any) -> None:  # the order: the user's callback first
+        heard.append(("engine", err))
+        heard_by_engine(err)
+
+    monkeypatch.setattr(engine, "on_consumer_error", engine_heard)
+    (config,) = configs
+    config["error_cb"](down)
+    assert heard == ([down] if users else []) + [("engine", down)]
+    assert engine.ready() == (False, "the broker is unreachable")

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from confluent_kafka import TopicPartition as KafkaTP
 
+from htmqc.produce import ID_HEADER, parse_id
 from htmqc.sources.pumped import OFFSET_INVALID
 from model_checks.trace_validation import validate_trace
 from tests.runtime.test_modes_broker import assigned_starts
@@ -65,6 +66,38 @@ def assign_at(offsets: dict[int, int]) -> Callable[[Any, list[KafkaTP]], None]:
         )
 
     return on_assign
+
+
+def check_offsets(consumer: Any, topic: str, offsets: dict[int, list[int]], end: int) -> None:
+    """Subscribed to ``topic``, one member gets one assignment of every partition and
+    reads ``offsets`` (partition -> the offsets it holds, in order) of messages
+    written by the source's ``produce``: message ``i`` on partition ``i % P`` at
+    offset ``i // P``, key ``k{i % 100}``, its id header, a timestamp; every
+    partition's position and high watermark are then ``end``."""
+    assigned: list[list[KafkaTP]] = []
+
+    def on_assign(c: Any, parts: list[KafkaTP]) -> None:
+        assigned.append(parts)
+        assign_at({})(c, parts)
+
+    consumer.subscribe([topic], on_assign=on_assign)
+    got = drain(consumer, sum(map(len, offsets.values())))
+    assert len(assigned) == 1, "one member: one assignment of every partition"
+    assert sorted(p.partition for p in assigned[0]) == sorted(offsets)
+    by: dict[int, list[int]] = {}
+    n = len(offsets)
+    for msg in got:
+        by.setdefault(msg.partition(), []).append(msg.offset())
+        ident = parse_id(msg.value())
+        assert (ident % n, ident // n) == (msg.partition(), msg.offset())
+        assert msg.key() == f"k{ident % 100}".encode()
+        assert (ID_HEADER, str(ident).encode()) in (msg.headers() or [])
+        assert msg.topic() == topic and msg.error() is None
+        assert msg.timestamp()[1] > 1_600_000_000_000
+    assert by == offsets
+    positions = consumer.position([KafkaTP(topic, p) for p in range(n)])
+    assert [p.offset for p in positions] == [end] * n
+    assert consumer.get_watermark_offsets(KafkaTP(topic, 1)) == (0, end)
 
 
 def positions(db: Path) -> dict[int, int]:

@@ -2,8 +2,9 @@
 offsets are stream sequences minus one (dense, with holes where messages were
 deleted or purged), one assignment of every partition, nothing left on the
 server after close; and the launcher leaves nothing running. Run-level evidence
-is in ``test_nats_run.py``; seek, pause and commits in the KV bucket (with their
-metadata), shared with RabbitMQ, in ``test_source_contract.py``.
+is in ``test_nats_run.py``; seek, pause, commits in the KV bucket (with their
+metadata) and refusals in one line, shared with RabbitMQ and Pulsar, in
+``test_source_contract.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from typing import Any
 import pytest
 from confluent_kafka import TopicPartition as KafkaTP
 
-from htmqc.errors import UsageError
 from htmqc.produce import parse_id
 from htmqc.sources.nats import (
     NatsClient,
@@ -28,7 +28,7 @@ from htmqc.sources.nats import (
 )
 from htmqc.sources.nats_server import NatsServer, start_nats
 from tests.services import require_nats_server
-from tests.sources.support import assign_at, drain
+from tests.sources.support import assign_at, check_offsets, drain
 
 pytestmark = pytest.mark.slow
 
@@ -40,32 +40,11 @@ def test_offsets_are_sequences_minus_one_dense_with_holes_where_deleted(
     produce(nats_server.url, topic, 400, partitions=4, client=client)
     client.delete_message(topic, 1, 10)  # a hole in partition 1
     consumer = NatsConsumer(nats_server.url, "g")
-    assigned: list[list[KafkaTP]] = []
     try:
-
-        def on_assign(c: Any, parts: list[KafkaTP]) -> None:
-            assigned.append(parts)
-            assign_at({})(c, parts)
-
-        consumer.subscribe([topic], on_assign=on_assign)
-        got = drain(consumer, 399)
-        assert len(assigned) == 1, "one member: one assignment of every partition"
-        assert sorted(p.partition for p in assigned[0]) == [0, 1, 2, 3]
-        by: dict[int, list[int]] = {}
-        for msg in got:
-            by.setdefault(msg.partition(), []).append(msg.offset())
-            # produce puts message i on partition i % 4 at offset i // 4
-            ident = parse_id(msg.value())
-            assert (ident % 4, ident // 4) == (msg.partition(), msg.offset())
-            assert msg.key() == f"k{ident % 100}".encode()
-            assert msg.topic() == topic and msg.error() is None
-            assert msg.timestamp()[1] > 1_600_000_000_000
-        assert by[0] == list(range(100))
-        assert by[1] == [o for o in range(100) if o != 10], "the deleted message is a hole"
+        holes = {1: [10]}  # the deleted message is a hole
+        want = {p: [o for o in range(100) if o not in holes.get(p, [])] for p in range(4)}
+        check_offsets(consumer, topic, want, 100)
         assert client.watermarks(topic, 1) == (0, 100)
-        positions = consumer.position([KafkaTP(topic, p) for p in range(4)])
-        assert [p.offset for p in positions] == [100] * 4
-        assert consumer.get_watermark_offsets(KafkaTP(topic, 1)) == (0, 100)
     finally:
         consumer.close()
 
@@ -191,25 +170,6 @@ def test_a_server_killed_and_restarted_on_its_store_is_resumed(tmp_path: Path) -
         if consumer is not None:
             consumer.close()
         server.stop()
-
-
-def test_subscribe_refuses_a_missing_topic_and_a_second_topic(nats_server: NatsServer) -> None:
-    consumer = NatsConsumer(nats_server.url, "g")
-    try:
-        with pytest.raises(UsageError, match="has no streams"):
-            consumer.subscribe(["nothere"])
-        with pytest.raises(UsageError, match="one topic"):
-            consumer.subscribe(["a", "a_retry"])
-    finally:
-        consumer.close()
-
-
-def test_an_unreachable_server_is_one_line() -> None:
-    from htmqc.errors import RuntimeFailure
-    from htmqc.sources.nats_server import free_port
-
-    with pytest.raises(RuntimeFailure, match="cannot reach NATS"):
-        NatsConsumer(f"nats://127.0.0.1:{free_port()}", "g", connect_seconds=0.5)
 
 
 def test_ack_subjects_parse_in_both_forms() -> None:

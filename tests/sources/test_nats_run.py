@@ -5,12 +5,11 @@ JetStream, in subprocesses, against a private ``nats-server`` (tests/sources/con
   successor waits for the dead member's lease, starts at the commits in the KV
   bucket, and the duplicates are exactly the killed process's uncommitted window;
 * deleted and purged messages (holes in the stream sequence) are gaps: the rest
-  is stored exactly once and the positions reach the log end;
-* at-least-once dead letters are published to the subject ``TOPIC.dlq``.
+  is stored exactly once and the positions reach the log end.
 
-Exactly-once into SQLite across a SIGKILL, shared by both sources, is in
-test_source_contract.py. The audit helpers are the Kafka tests'
-(tests/runtime/test_run_broker.py, test_modes_broker.py).
+Exactly-once into SQLite across a SIGKILL and dead letters to ``TOPIC.dlq`` (a
+subject here), shared by every source, are in test_source_contract.py. The audit
+helpers are the Kafka tests' (tests/runtime/test_run_broker.py, test_modes_broker.py).
 """
 
 from __future__ import annotations
@@ -101,34 +100,3 @@ def test_deleted_and_purged_messages_are_gaps(
     assert positions(db) == {p: client.watermarks(topic, p)[1] for p in range(2)}, (
         "the positions did not pass the gaps to the log end"
     )
-
-
-def test_at_least_once_dead_letters_go_to_a_nats_subject(
-    nats_server: NatsServer,
-    client: NatsClient,
-    topic_name: Callable[[], str],
-    tmp_path: Path,
-) -> None:
-    topic = topic_name()
-    produce(nats_server.url, topic, 50, partitions=2, client=client)
-    log = tmp_path / "run.log"
-    proc = htmqc_run(
-        nats_server.url, topic, f"{HANDLERS}:poison_five",
-        *nats("--group", "g-dlq", "--max-retries", "0", "--idle-exit", "2"), log=log,
-    )  # fmt: skip
-    assert finish(proc, 60) == 0, log.read_text()[-2000:]
-    assert sum(client.committed("g-dlq", topic, p) or 0 for p in range(2)) == 50
-
-    async def dead_letters() -> list[tuple[bytes, dict[str, str]]]:
-        sub = await client.js.pull_subscribe(f"{topic}.dlq", stream=f"{topic}-dlq")
-        msgs = await sub.fetch(10, timeout=2)
-        await sub.unsubscribe()
-        return [(m.data, dict(m.headers or {})) for m in msgs]
-
-    letters = client.call(dead_letters())
-    assert len(letters) == 1
-    value, headers = letters[0]
-    assert value.startswith(b"000000000005")
-    assert headers["Htmqc-Key"] == "k5"
-    assert headers["htmqc-dlq-source"] == f"{topic}/1/2"
-    assert headers["htmqc-dlq-error-class"].endswith("ValueError")

@@ -5,9 +5,11 @@ headers, watermarks; a seek inside a batch and past the end (then new messages);
 redelivery filter (a reader that delivers again after a reconnect); commits with their
 metadata in the commit topic, reported only once the broker confirmed them; the lease
 (an Exclusive subscription: a standby takes over when the holder goes, a member whose
-subscription stays disconnected stops, an unload is survived); dead letters; refusals
-in one line. Run-level evidence is in ``test_pulsar_run.py``; seek, pause and ordered
-commits, shared with NATS and RabbitMQ, in ``test_source_contract.py``."""
+subscription stays disconnected stops, an unload is survived); bootstrap URLs. Run-level
+evidence is in ``test_pulsar_run.py``; seek, pause, ordered commits, refusals in one line
+and the dead-letter producer, shared with NATS and RabbitMQ, and dense offsets with
+keys, headers and watermarks and a standby's takeover, shared with RabbitMQ, in
+``test_source_contract.py``."""
 
 from __future__ import annotations
 
@@ -21,14 +23,13 @@ import pytest
 from confluent_kafka import TopicPartition as KafkaTP
 
 from htmqc.errors import RuntimeFailure, UsageError
-from htmqc.produce import ID_HEADER, parse_id
+from htmqc.produce import parse_id
 from htmqc.sources.pulsar import (
     Endpoint,
     EntryLookup,
     OffsetMapper,
     PulsarClient,
     PulsarConsumer,
-    PulsarProducer,
     _Fetch,
     endpoint_of,
     produce,
@@ -38,40 +39,6 @@ from tests.sources.support import assign_at, drain
 from tests.sources.test_pulsar_offsets import Log, model
 
 pytestmark = pytest.mark.slow
-
-
-def test_offsets_are_dense_per_partition_with_keys_headers_and_watermarks(
-    pulsar_server: PulsarServer, client: PulsarClient, topic_name: Callable[[], str]
-) -> None:
-    topic = topic_name()
-    produce(pulsar_server.bootstrap, topic, 300, partitions=3, client=client)
-    consumer = PulsarConsumer(pulsar_server.bootstrap, "g")
-    assigned: list[list[KafkaTP]] = []
-    try:
-
-        def on_assign(c: Any, parts: list[KafkaTP]) -> None:
-            assigned.append(parts)
-            assign_at({})(c, parts)
-
-        consumer.subscribe([topic], on_assign=on_assign)
-        got = drain(consumer, 300)
-        assert len(assigned) == 1, "one member: one assignment of every partition"
-        assert sorted(p.partition for p in assigned[0]) == [0, 1, 2]
-        by: dict[int, list[int]] = {}
-        for msg in got:
-            by.setdefault(msg.partition(), []).append(msg.offset())
-            ident = parse_id(msg.value())  # message i: partition i % 3, offset i // 3
-            assert (ident % 3, ident // 3) == (msg.partition(), msg.offset())
-            assert msg.key() == f"k{ident % 100}".encode()
-            assert (ID_HEADER, str(ident).encode()) in (msg.headers() or [])
-            assert msg.topic() == topic and msg.error() is None
-            assert msg.timestamp()[1] > 1_600_000_000_000
-        assert by == {p: list(range(100)) for p in range(3)}
-        positions = consumer.position([KafkaTP(topic, p) for p in range(3)])
-        assert [p.offset for p in positions] == [100] * 3
-        assert consumer.get_watermark_offsets(KafkaTP(topic, 1)) == (0, 100)
-    finally:
-        consumer.close()
 
 
 def test_a_seek_inside_a_batch_and_past_the_end_then_new_messages(
@@ -226,27 +193,6 @@ def test_a_commit_is_reported_only_once_the_broker_confirmed_it(
         consumer.close()
 
 
-def test_a_second_member_waits_as_a_standby_and_takes_over_when_the_first_goes(
-    pulsar_server: PulsarServer, client: PulsarClient, topic_name: Callable[[], str]
-) -> None:
-    topic = topic_name()
-    produce(pulsar_server.bootstrap, topic, 20, partitions=2, client=client)
-    first = PulsarConsumer(pulsar_server.bootstrap, "g")
-    second = PulsarConsumer(pulsar_server.bootstrap, "g")
-    try:
-        first.subscribe([topic], on_assign=assign_at({}))
-        assert len(drain(first, 20)) == 20
-        second.subscribe([topic], on_assign=assign_at({}))
-        assert drain(second, 1, timeout=1.5) == [], "the standby gets nothing"
-        first.close()
-        began = time.monotonic()
-        assert len(drain(second, 20)) == 20
-        assert time.monotonic() - began < 5, "the subscription went with the consumer"
-    finally:
-        first.close()
-        second.close()
-
-
 def test_the_lease_holds_no_backlog_of_the_topic(
     pulsar_server: PulsarServer, client: PulsarClient, topic_name: Callable[[], str]
 ) -> None:
@@ -350,48 +296,6 @@ def test_unloaded_partitions_reconnect_without_a_repeat_or_a_skip(
         assert sorted(parse_id(m.value()) for m in got) == list(range(600))
     finally:
         consumer.close()
-
-
-def test_dead_letters_go_to_their_own_topics(
-    pulsar_server: PulsarServer, client: PulsarClient, topic_name: Callable[[], str]
-) -> None:
-    topic = topic_name()
-    producer = PulsarProducer(pulsar_server.bootstrap, topic)
-    outcomes: list[Any] = []
-    try:
-        producer.produce(
-            f"{topic}.dlq", value=b"v", key=b"k", headers=[("why", b"boom")],
-            on_delivery=lambda err, _m: outcomes.append(err),
-        )  # fmt: skip
-        producer.produce(f"{topic}.dlq.poison", value=b"p", key=None, headers=None)
-        assert producer.flush(10) == 0
-    finally:
-        producer.close()
-    assert outcomes == [None]
-    letters = client.read(f"{topic}.dlq")
-    assert [(m.data(), m.partition_key(), m.properties()) for m in letters] == [
-        (b"v", "k", {"why": "boom"})
-    ]
-    assert [m.data() for m in client.read(f"{topic}.dlq.poison")] == [b"p"]
-
-
-def test_subscribe_refuses_a_missing_topic_and_a_second_topic(
-    pulsar_server: PulsarServer,
-) -> None:
-    consumer = PulsarConsumer(pulsar_server.bootstrap, "g")
-    try:
-        with pytest.raises(UsageError, match=r"has no streams .*nope-partition-0"):
-            consumer.subscribe(["nope"])
-        with pytest.raises(UsageError, match="consumes one topic"):
-            consumer.subscribe(["a", "b"])
-    finally:
-        consumer.close()
-
-
-def test_an_unreachable_broker_is_one_line() -> None:
-    with pytest.raises(RuntimeFailure, match="cannot reach Pulsar") as info:
-        PulsarConsumer("pulsar://127.0.0.1:1?admin-port=2", "g", connect_seconds=0.5)
-    assert "\n" not in info.value.line()
 
 
 def test_bootstrap_urls() -> None:

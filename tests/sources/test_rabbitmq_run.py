@@ -1,33 +1,29 @@
 """``htmqc run --source rabbitmq-stream`` end to end: the same core and runtime over
 RabbitMQ streams, in subprocesses, against a private node (tests/sources/conftest.py).
 
-* at-least-once over a 4-partition topic across a SIGKILL, with a standby started
-  before the kill: nothing lost, the standby takes the dead member's lease (its
-  AMQP connection went with it), starts at the tracked offsets, and the
-  duplicates are exactly the killed process's uncommitted window (offset tracking
-  keeps one number, so the work finished above the watermark is in that window);
 * offsets deleted by retention (the head of a small stream) are a gap: the rest is
   stored exactly once and the positions reach the log end;
-* at-least-once dead letters are published to the stream ``TOPIC.dlq``.
+* a node that crashes and restarts under a member loses nothing.
 
-Exactly-once into SQLite across a SIGKILL, shared by both sources, is in
-test_source_contract.py. The audit helpers are the Kafka tests'
+Exactly-once into SQLite across a SIGKILL and dead letters to ``TOPIC.dlq``, shared by
+every source, and at-least-once across a SIGKILL with a standby (the standby takes the
+dead member's lease, its AMQP connection gone; offset tracking keeps one number, so
+the work finished above the watermark is in the duplicated window), shared with
+Pulsar, are in test_source_contract.py. The audit helpers are the Kafka tests'
 (tests/runtime/test_run_broker.py, test_modes_broker.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from htmqc.sources.rabbitmq import RabbitStreamClient, convert, produce
+from htmqc.sources.rabbitmq import RabbitStreamClient, produce
 from htmqc.sources.rabbitmq_server import RabbitServer
-from tests.runtime.test_modes_broker import audit_sigkill_restart, kill
+from tests.runtime.test_modes_broker import kill
 from tests.runtime.test_run_broker import (
     effect_ids,
     exactly_once_args,
@@ -35,7 +31,7 @@ from tests.runtime.test_run_broker import (
     htmqc_run,
     wait_for,
 )
-from tests.sources.support import HANDLERS, check_traces, positions, traced
+from tests.sources.support import HANDLERS, positions
 
 pytestmark = pytest.mark.slow
 
@@ -43,44 +39,6 @@ pytestmark = pytest.mark.slow
 def rabbit(*args: str) -> list[str]:
     """``htmqc run`` arguments after the handler, with ``--source rabbitmq-stream``."""
     return ["--source", "rabbitmq-stream", *args]
-
-
-def test_at_least_once_across_sigkill_a_standby_takes_over_and_loses_nothing(
-    rabbitmq_server: RabbitServer,
-    client: RabbitStreamClient,
-    topic_name: Callable[[], str],
-    tmp_path: Path,
-) -> None:
-    url, topic, n, group = rabbitmq_server.url, topic_name(), 5000, "g-alo"
-    produce(url, topic, n, partitions=4, client=client)
-    out1, out2 = tmp_path / "first.txt", tmp_path / "second.txt"
-    log1, log2 = tmp_path / "first.log", tmp_path / "second.log"
-    trace1, trace2 = tmp_path / "first.trace", tmp_path / "second.trace"
-    args = [f"{HANDLERS}:log_order", *rabbit("--group", group)]
-
-    def committed() -> int:
-        return sum(client.committed(group, topic, p) or 0 for p in range(4))
-
-    first = htmqc_run(
-        url, topic, *args, *traced(trace1), env={"HTMQC_TEST_OUT": str(out1)}, log=log1
-    )
-    second = None
-    try:
-        wait_for(lambda: committed() >= 200, 60, "the first commits")
-        second = htmqc_run(
-            url, topic, *args, *traced(trace2), "--idle-exit", "2",
-            env={"HTMQC_TEST_OUT": str(out2)}, log=log2,
-        )  # fmt: skip
-        wait_for(lambda: "waiting as a standby" in log2.read_text(), 30, "the standby")
-        wait_for(lambda: committed() >= 1600, 60, "more commits")
-    finally:
-        kill(first)
-    assert second is not None
-    assert finish(second, 90) == 0, log2.read_text()[-2000:]
-    assert not out2.exists() or out2.stat().st_size > 0
-    audit_sigkill_restart(out1, out2, log2, topic, n)
-    assert committed() == n
-    check_traces("at-least-once", trace1, trace2)
 
 
 def test_offsets_deleted_by_retention_are_a_gap(
@@ -113,46 +71,6 @@ def test_offsets_deleted_by_retention_are_a_gap(
         rows = conn.execute('SELECT id, "partition", "offset" FROM effects').fetchall()
     assert all((p, o) == (i % 2, i // 2) for i, p, o in rows), "an offset is not the stream's"
     assert positions(db) == {p: n // 2 for p in range(2)}, "the positions did not reach the end"
-
-
-def test_at_least_once_dead_letters_go_to_a_dlq_stream(
-    rabbitmq_server: RabbitServer,
-    client: RabbitStreamClient,
-    topic_name: Callable[[], str],
-    tmp_path: Path,
-) -> None:
-    url, topic = rabbitmq_server.url, topic_name()
-    produce(url, topic, 50, partitions=2, client=client)
-    log = tmp_path / "run.log"
-    proc = htmqc_run(
-        url, topic, f"{HANDLERS}:poison_five",
-        *rabbit("--group", "g-dlq", "--max-retries", "0", "--idle-exit", "2"), log=log,
-    )  # fmt: skip
-    assert finish(proc, 60) == 0, log.read_text()[-2000:]
-    assert sum(client.committed("g-dlq", topic, p) or 0 for p in range(2)) == 50
-    letters = client.call(_read(client, f"{topic}.dlq"))
-    assert len(letters) == 1
-    letter = letters[0]
-    assert letter.value().startswith(b"000000000005")
-    assert letter.key() == b"k5"
-    headers = dict(letter.headers() or [])
-    assert headers["htmqc-dlq-source"] == f"{topic}/1/2".encode()
-    assert headers["htmqc-dlq-error-class"].endswith(b"ValueError")
-
-
-async def _read(client: RabbitStreamClient, stream: str) -> list[Any]:
-    """Every message of ``stream`` now (read for half a second)."""
-    from rstream import amqp_decoder
-
-    got: list[Any] = []
-
-    def on_message(msg: Any, ctx: Any) -> None:
-        got.append(convert(stream, 0, ctx.offset, ctx.timestamp, msg))
-
-    sid = await client.consumer.subscribe(stream, on_message, decoder=amqp_decoder)
-    await asyncio.sleep(0.5)
-    await client.consumer.unsubscribe(sid)
-    return got
 
 
 def test_a_node_that_crashes_and_restarts_under_a_member_loses_nothing(

@@ -1,14 +1,22 @@
-"""What every non-Kafka source must do alike, run on each (``nats``,
-``rabbitmq-stream``, ``pulsar``) against its private server (tests/sources/conftest.py): a seek
-fetches again and a pause hides a partition; commits are stored in order and
-reported inside ``consume`` (with their metadata where the source keeps it); and
-``htmqc run`` exactly-once into SQLite across a SIGKILL stores every effect once
-and resumes at the sink's positions. What differs per source is in
-``test_nats_*.py``, ``test_rabbitmq_*.py`` and ``test_pulsar_*.py``."""
+"""What every non-Kafka source must do alike, run on each (``nats``, ``rabbitmq-stream``,
+``pulsar``) against its private server (tests/sources/conftest.py): a seek fetches again
+and a pause hides a partition; commits are stored in order and reported inside
+``consume`` (with their metadata where the source keeps it); a missing topic or a second
+one is refused in one line, and so is a server that does not answer; ``htmqc run``
+exactly-once into SQLite across a SIGKILL stores every effect once and resumes at the
+sink's positions; the dead-letter producer publishes to ``TOPIC.dlq`` and
+``TOPIC.dlq.poison``, and a run's at-least-once dead letters reach ``TOPIC.dlq``. Where
+two sources share a test NATS does not (its offsets have holes, its successor waits out
+a lease), the test names them: dense offsets with keys, headers and watermarks, a
+standby member that takes over when the first goes, at-least-once across a SIGKILL with
+a standby. What differs per source is in ``test_nats_*.py``, ``test_rabbitmq_*.py`` and
+``test_pulsar_*.py``."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,11 +24,20 @@ from typing import Any
 
 import pytest
 
+from htmqc.errors import RuntimeFailure, UsageError
+from tests.runtime.test_modes_broker import audit_sigkill_restart, kill
+from tests.runtime.test_run_broker import finish, htmqc_run, wait_for
 from tests.sources.support import (
+    HANDLERS,
+    assign_at,
     check_commits,
     check_exactly_once_across_sigkill,
     check_exactly_once_through_kills,
+    check_offsets,
     check_seek_and_pause,
+    check_traces,
+    drain,
+    traced,
 )
 
 pytestmark = pytest.mark.slow
@@ -106,3 +123,219 @@ def test_exactly_once_through_repeated_consumer_kills(
     topic, n = topic_name(), 3000
     source.produce(topic, n, 4)
     check_exactly_once_through_kills(source.url, topic, ["--source", source.name], tmp_path, n)
+
+
+#: The sources whose offsets are dense (NATS's have holes where messages were
+#: deleted) and whose standby takes over as soon as the first member goes (a NATS
+#: successor waits out the lease): test_nats_adapter.py and test_nats_run.py.
+DENSE_WITH_STANDBY = ["pulsar", "rabbitmq-stream"]
+
+
+@pytest.mark.parametrize("source", DENSE_WITH_STANDBY, indirect=True)
+def test_offsets_are_dense_per_partition_with_keys_headers_and_watermarks(
+    source: Source, topic_name: Callable[[], str]
+) -> None:
+    topic = topic_name()
+    source.produce(topic, 300, 3)
+    consumer = source.consumer("g")
+    try:
+        check_offsets(consumer, topic, {p: list(range(100)) for p in range(3)}, 100)
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize("source", DENSE_WITH_STANDBY, indirect=True)
+def test_a_second_member_waits_as_a_standby_and_takes_over_when_the_first_goes(
+    source: Source, topic_name: Callable[[], str]
+) -> None:
+    """The lease (Pulsar's Exclusive subscription, RabbitMQ's lease queue) goes with
+    the first member's connection: the standby takes over at once."""
+    topic = topic_name()
+    source.produce(topic, 20, 2)
+    first = source.consumer("g")
+    second = source.consumer("g")
+    try:
+        first.subscribe([topic], on_assign=assign_at({}))
+        assert len(drain(first, 20)) == 20
+        second.subscribe([topic], on_assign=assign_at({}))
+        assert drain(second, 1, timeout=1.5) == [], "the standby gets nothing"
+        first.close()
+        began = time.monotonic()
+        assert len(drain(second, 20)) == 20
+        assert time.monotonic() - began < 5, "the lease went with the first member"
+    finally:
+        first.close()
+        second.close()
+
+
+#: The first stream a missing topic ``nope`` would have, as a refusal names it.
+MISSING_STREAM = {
+    "nats": "nope-0", "rabbitmq-stream": "nope-0", "pulsar": ".*nope-partition-0"
+}  # fmt: skip
+
+
+def test_subscribe_refuses_a_missing_topic_and_a_second_topic(source: Source) -> None:
+    consumer = source.consumer("g")
+    try:
+        with pytest.raises(UsageError, match=f"has no streams {MISSING_STREAM[source.name]}"):
+            consumer.subscribe(["nope"])
+        with pytest.raises(UsageError, match="consumes one topic"):
+            consumer.subscribe(["a", "a_retry"])  # a --retry-topic
+    finally:
+        consumer.close()
+
+
+#: ``--source`` -> (the bootstrap of a server that is not there, the refusal).
+UNREACHABLE = {
+    "nats": ("nats://127.0.0.1:1", "cannot reach NATS"),
+    "rabbitmq-stream": ("rabbitmq-stream://127.0.0.1:1", "cannot reach RabbitMQ's stream port"),
+    "pulsar": ("pulsar://127.0.0.1:1?admin-port=2", "cannot reach Pulsar"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNREACHABLE))
+def test_an_unreachable_server_is_one_line(name: str) -> None:
+    _server, module_name, _client, consumer_class, _keeps = SOURCES[name]
+    consumer = getattr(importlib.import_module(module_name), consumer_class)
+    url, says = UNREACHABLE[name]
+    with pytest.raises(RuntimeFailure, match=says) as info:
+        consumer(url, "g", connect_seconds=0.5)
+    assert "\n" not in info.value.line()
+
+
+#: Messages of the at-least-once run across a SIGKILL.
+AT_LEAST_ONCE_COUNT = {"rabbitmq-stream": 5000, "pulsar": 6000}
+
+
+@pytest.mark.parametrize("source", DENSE_WITH_STANDBY, indirect=True)
+def test_at_least_once_across_sigkill_a_standby_takes_over_and_loses_nothing(
+    source: Source, topic_name: Callable[[], str], tmp_path: Path
+) -> None:
+    """At-least-once over a 4-partition topic across a SIGKILL, with a standby
+    started before the kill: nothing lost, the standby takes the dead member's
+    lease, starts at its commits, and the duplicates are exactly the killed
+    process's uncommitted window."""
+    url, topic, n, group = source.url, topic_name(), AT_LEAST_ONCE_COUNT[source.name], "g-alo"
+    source.produce(topic, n, 4)
+    out1, out2 = tmp_path / "first.txt", tmp_path / "second.txt"
+    log1, log2 = tmp_path / "first.log", tmp_path / "second.log"
+    trace1, trace2 = tmp_path / "first.trace", tmp_path / "second.trace"
+    args = [f"{HANDLERS}:log_order", "--source", source.name, "--group", group]
+
+    def committed() -> int:
+        return sum(source.client.committed(group, topic, p) or 0 for p in range(4))
+
+    first = htmqc_run(
+        url, topic, *args, *traced(trace1), env={"HTMQC_TEST_OUT": str(out1)}, log=log1
+    )
+    second = None
+    try:
+        wait_for(lambda: committed() >= 200, 60, "the first commits")
+        second = htmqc_run(
+            url, topic, *args, *traced(trace2), "--idle-exit", "2",
+            env={"HTMQC_TEST_OUT": str(out2)}, log=log2,
+        )  # fmt: skip
+        wait_for(lambda: "waiting as a standby" in log2.read_text(), 30, "the standby")
+        wait_for(lambda: committed() >= 1600, 60, "more commits")
+    finally:
+        kill(first)
+    assert second is not None
+    assert finish(second, 90) == 0, log2.read_text()[-2000:]
+    assert not out2.exists() or out2.stat().st_size > 0
+    audit_sigkill_restart(out1, out2, log2, topic, n)
+    assert committed() == n
+    check_traces("at-least-once", trace1, trace2)
+
+
+#: A dead letter as the tests read it: value, key, headers (as text).
+Letter = tuple[bytes, str, dict[str, str]]
+
+
+def dead_letters(source: Source, topic: str, suffix: str = ".dlq") -> list[Letter]:
+    """The messages of ``TOPIC`` + ``suffix`` (``.dlq``, ``.dlq.poison``) now: a NATS
+    subject (of the stream ``TOPIC-dlq``; the key a header), a Pulsar topic, a
+    RabbitMQ stream. A message without a key has the key ``""``."""
+    client, name = source.client, f"{topic}{suffix}"
+    if source.name == "pulsar":
+        return [(m.data(), m.partition_key(), dict(m.properties())) for m in client.read(name)]
+    if source.name == "nats":
+
+        async def fetch() -> list[Letter]:
+            sub = await client.js.pull_subscribe(name, stream=f"{topic}-dlq")
+            msgs = await sub.fetch(10, timeout=2)
+            await sub.unsubscribe()
+            out = []
+            for m in msgs:
+                headers = dict(m.headers or {})
+                out.append((m.data, headers.pop(source.module.KEY_HEADER, ""), headers))
+            return out
+
+        return client.call(fetch())  # type: ignore[no-any-return]
+
+    async def read() -> list[Letter]:  # every message of the stream: read for 0.5 s
+        from rstream import amqp_decoder
+
+        got: list[Letter] = []
+
+        def on_message(msg: Any, ctx: Any) -> None:
+            m = source.module.convert(name, 0, ctx.offset, ctx.timestamp, msg)
+            headers = {k: v.decode() for k, v in m.headers() or []}
+            got.append((m.value(), (m.key() or b"").decode(), headers))
+
+        sid = await client.consumer.subscribe(name, on_message, decoder=amqp_decoder)
+        await asyncio.sleep(0.5)
+        await client.consumer.unsubscribe(sid)
+        return got
+
+    return client.call(read())  # type: ignore[no-any-return]
+
+
+#: ``--source`` -> its dead-letter producer (:class:`~htmqc.ports.ProducerPort`).
+PRODUCERS = {
+    "nats": "NatsProducer", "rabbitmq-stream": "RabbitStreamProducer", "pulsar": "PulsarProducer"
+}  # fmt: skip
+
+
+def test_dead_letters_go_to_their_own_streams(
+    source: Source, topic_name: Callable[[], str]
+) -> None:
+    """The dead-letter producer publishes to ``TOPIC.dlq`` and ``TOPIC.dlq.poison``
+    (created on first use), key and headers kept, and reports each delivery."""
+    topic = topic_name()
+    producer = getattr(source.module, PRODUCERS[source.name])(source.url, topic)
+    outcomes: list[Any] = []
+    try:
+        producer.produce(
+            f"{topic}.dlq", value=b"v", key=b"k", headers=[("why", b"boom")],
+            on_delivery=lambda err, _m: outcomes.append(err),
+        )  # fmt: skip
+        producer.produce(f"{topic}.dlq.poison", value=b"p", key=None, headers=None)
+        assert producer.flush(10) == 0
+    finally:
+        producer.close()
+    assert outcomes == [None]
+    assert dead_letters(source, topic) == [(b"v", "k", {"why": "boom"})]
+    assert [value for value, _key, _headers in dead_letters(source, topic, ".dlq.poison")] == [
+        b"p"
+    ]
+
+
+def test_at_least_once_dead_letters_are_published_to_the_dlq(
+    source: Source, topic_name: Callable[[], str], tmp_path: Path
+) -> None:
+    topic = topic_name()
+    source.produce(topic, 50, 2)
+    log = tmp_path / "run.log"
+    proc = htmqc_run(
+        source.url, topic, f"{HANDLERS}:poison_five", "--source", source.name,
+        "--group", "g-dlq", "--max-retries", "0", "--idle-exit", "2", log=log,
+    )  # fmt: skip
+    assert finish(proc, 60) == 0, log.read_text()[-2000:]
+    assert sum(source.client.committed("g-dlq", topic, p) or 0 for p in range(2)) == 50
+    letters = dead_letters(source, topic)
+    assert len(letters) == 1
+    value, key, headers = letters[0]
+    assert value.startswith(b"000000000005")
+    assert key == "k5"
+    assert headers["htmqc-dlq-source"] == f"{topic}/1/2"
+    assert headers["htmqc-dlq-error-class"].endswith("ValueError")

@@ -7,6 +7,7 @@ import pytest
 
 from htmqc.errors import UsageError
 from htmqc.spark.kafka_options import EARLIEST, LATEST, Offsets, Timestamps, parse_options
+from tests.services import require_module
 
 BASE = {"kafka.bootstrap.servers": "127.0.0.1:9092", "subscribe": "t"}
 
@@ -128,7 +129,7 @@ class _Session:
 def test_an_option_of_the_other_read_kind_fails_where_the_frame_is_defined() -> None:
     """``load()`` cannot tell a stream from a batch read; ``stream_kafka`` and
     ``read_kafka`` can, so a misplaced option fails there, before Spark plans."""
-    pytest.importorskip("pyspark")
+    require_module("pyspark")  # under CI a missing pyspark fails, never skips
     from htmqc.spark.kafka_source import read_kafka, stream_kafka
 
     spark = _Session()

@@ -102,6 +102,8 @@ from htmqc.sources.pumped import (
     CommitCallback,
     Deliveries,
     LogMessage,
+    Numbered,
+    NumberedProducer,
     PumpedConsumer,
     _Partition,
     check_plain,
@@ -794,40 +796,26 @@ class NatsClient:
         stop_loop(self._loop, self._thread)
 
 
-def produce(
-    bootstrap: str,
-    topic: str,
-    count: int,
-    *,
-    partitions: int,
-    keys: int = 100,
-    size: int = 100,
-    start_id: int = 0,
-    client: NatsClient | None = None,
+def _publish_numbered(
+    nc: NatsClient, topic: str, partitions: int, messages: Iterable[Numbered]
 ) -> int:
-    """Write ``count`` numbered messages (:mod:`htmqc.produce`'s format: key
-    ``k{i % keys}``, value the zero-padded id) to ``topic``, creating its
-    ``partitions`` streams if missing. Message ``i`` goes to partition
-    ``i % partitions``. Returns ``count``."""
-    from htmqc.produce import ID_HEADER, message_key, message_value
+    """:data:`produce`'s messages, the id and key as headers, to their subjects."""
+    from htmqc.produce import ID_HEADER
 
-    own = client is None
-    nc = client or NatsClient(bootstrap)
-    try:
-        nc.create_topic(topic, partitions)
+    def records() -> Iterable[tuple[str, bytes, dict[str, str] | None]]:
+        for m in messages:
+            headers = {ID_HEADER: str(m.id)}
+            if m.key is not None:
+                headers[KEY_HEADER] = m.key.decode()
+            yield subject(topic, m.partition), m.value, headers
 
-        def records() -> Iterable[tuple[str, bytes, dict[str, str] | None]]:
-            for i in range(start_id, start_id + count):
-                key = message_key(i, keys)
-                headers = {ID_HEADER: str(i)}
-                if key is not None:
-                    headers[KEY_HEADER] = key.decode()
-                yield subject(topic, i % partitions), message_value(i, size), headers
+    return nc.publish_many(records())
 
-        return nc.publish_many(records())
-    finally:
-        if own:
-            nc.close()
+
+#: ``produce(bootstrap, topic, count, *, partitions, keys=100, size=100, start_id=0,
+#: client=None)``: numbered test messages to a topic's streams, created if missing
+#: (:class:`~htmqc.sources.pumped.NumberedProducer`).
+produce = NumberedProducer(NatsClient, _publish_numbered)
 
 
 def _header_text(value: bytes | None) -> str:

@@ -113,12 +113,16 @@ Not done
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import json
 import logging
 import math
 import os
+import re
 import socket
+import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -136,6 +140,8 @@ from htmqc.sources.pumped import (
     TP,
     Deliveries,
     LogMessage,
+    Numbered,
+    NumberedProducer,
     PumpedConsumer,
     _Partition,
     check_plain,
@@ -516,17 +522,100 @@ def _text(value: bytes | None) -> str:
     return (value or b"").decode("utf-8", "surrogateescape")
 
 
+#: The Python logger pulsar-client's C++ lines go to at ``--log-level DEBUG``, through
+#: the configured handler (``--log-format json`` too): one of
+#: :data:`htmqc.logs.CLIENT_LOGGERS`, quieted below ``DEBUG``.
+CLIENT_LOGGER = "pulsar"
+
+
 def client_logger(quiet: bool = False) -> Any:
-    """pulsar-client's C++ logger: errors to the console, or nothing (``quiet``: the
-    lease client, whose standby attempts fail with ``ConsumerBusy`` every
-    :data:`STANDBY_POLL` s; this module logs what the lease does). Not a Python
-    ``logging.Logger``: with one, the process may abort at exit ("terminate called
-    without an active exception", apache/pulsar-client-python#256)."""
+    """pulsar-client's C++ logger. Like pika's and rstream's lines, its lines repeat
+    what this module reports itself, so they show at ``--log-level DEBUG`` only: there
+    they go to the Python logger :data:`CLIENT_LOGGER` (so ``--log-format json``
+    formats them) through :class:`_ClientLog`; below it (``htmqc.logs.setup``
+    quieted that logger) nowhere. Without ``setup`` (a library user, a test) its
+    errors go to the console. ``quiet``: nowhere (the lease client, whose standby
+    attempts fail with ``ConsumerBusy`` every :data:`STANDBY_POLL` s; this module
+    logs what the lease does).
+
+    Never a Python ``logging.Logger`` itself: with one the process may abort at exit
+    ("terminate called without an active exception",
+    apache/pulsar-client-python#256; seen here once in 12 runs with a dead-letter
+    producer)."""
     import pulsar  # type: ignore[import-untyped]
 
-    if quiet:
+    logger = logging.getLogger(CLIENT_LOGGER)
+    if quiet or not logger.isEnabledFor(logging.ERROR):
         return pulsar.FileLogger(pulsar.LoggerLevel.Error, os.devnull)
+    if logger.isEnabledFor(logging.DEBUG):
+        with contextlib.suppress(OSError):  # no temporary file: the console, as before
+            return pulsar.FileLogger(pulsar.LoggerLevel.Debug, _ClientLog.path())
     return pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+
+
+#: A line of pulsar-client's file logger:
+#: ``2021-03-24 17:35:46.571 INFO  [0x10a951e00] ConnectionPool:85 | Created ...``
+_CLIENT_LINE = re.compile(r"\S+ \S+ (?P<level>[A-Z]+)\s+\[[^\]]*\] (?P<msg>.*)")
+_CLIENT_LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARN": logging.WARNING,
+                  "ERROR": logging.ERROR}  # fmt: skip
+
+
+class _ClientLog:
+    """A file pulsar-client's C++ logger appends to (one a process, removed at exit)
+    and a thread that passes each of its lines to :data:`CLIENT_LOGGER` at the
+    line's level: C++ threads never call into Python. What is left is passed on at
+    exit (``atexit``), before the interpreter stops."""
+
+    _lock = threading.Lock()
+    _path: str | None = None
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.rest = b""
+        self.reading = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._follow, name="htmqc-pulsar-log", daemon=True)
+
+    @classmethod
+    def path(cls) -> str:
+        """The file, created (and followed) on first use."""
+        with cls._lock:
+            if cls._path is None:
+                fd, cls._path = tempfile.mkstemp(prefix="htmqc-pulsar-", suffix=".log")
+                log = cls(fd)
+                log.thread.start()
+                atexit.register(log.close, cls._path)
+            return cls._path
+
+    def _follow(self) -> None:
+        while not self.stop.wait(0.0 if self.pass_on() else 0.1):
+            pass
+
+    def pass_on(self) -> bool:
+        """Log the lines appended since the last call; whether there were any."""
+        with self.reading:
+            chunk = os.read(self.fd, 1 << 16)
+            if not chunk:
+                return False
+            *lines, self.rest = (self.rest + chunk).split(b"\n")
+        logger = logging.getLogger(CLIENT_LOGGER)
+        for raw in lines:
+            line = raw.decode("utf-8", "replace").rstrip()
+            got = _CLIENT_LINE.fullmatch(line)
+            level = _CLIENT_LEVELS.get(got["level"], logging.INFO) if got else logging.INFO
+            logger.log(level, "%s", got["msg"] if got else line)
+        return True
+
+    def close(self, path: str) -> None:
+        """Stop following, pass the rest on, remove the file."""
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join(2)
+        with contextlib.suppress(OSError):
+            while self.pass_on():
+                pass
+            os.close(self.fd)
+            os.unlink(path)
 
 
 def new_client(endpoint: Endpoint, connect_seconds: float, quiet: bool = False) -> Any:
@@ -1009,20 +1098,21 @@ class PulsarClient:
         """``(low, high)`` of a partition (:meth:`PulsarAdmin.watermarks`)."""
         return self.admin.watermarks(topic, partition)
 
-    def committed(self, group: str, topic: str, partition: int) -> int | None:
-        """The group's committed offset of a partition (at-least-once), or ``None``."""
+    def _last_commit(self, group: str, topic: str, partition: int) -> tuple[int, str | None] | None:
+        """``(offset, metadata)`` of the group's last commit of a partition, or ``None``."""
         name = commits_topic(group, topic)
         if not _plain_exists(self.admin, name):
             return None
-        got = decode_commits(read_all(self.client, name)).get(partition)
+        return decode_commits(read_all(self.client, name)).get(partition)
+
+    def committed(self, group: str, topic: str, partition: int) -> int | None:
+        """The group's committed offset of a partition (at-least-once), or ``None``."""
+        got = self._last_commit(group, topic, partition)
         return None if got is None else got[0]
 
     def commit_metadata(self, group: str, topic: str, partition: int) -> str | None:
         """The metadata of the group's last commit of a partition, or ``None``."""
-        name = commits_topic(group, topic)
-        if not _plain_exists(self.admin, name):
-            return None
-        got = decode_commits(read_all(self.client, name)).get(partition)
+        got = self._last_commit(group, topic, partition)
         return None if got is None else got[1]
 
     def read(self, topic: str) -> list[Any]:
@@ -1094,40 +1184,22 @@ def _plain_exists(admin: PulsarAdmin, topic: str) -> bool:
     return True
 
 
-def produce(
-    bootstrap: str,
-    topic: str,
-    count: int,
-    *,
-    partitions: int,
-    keys: int = 100,
-    size: int = 100,
-    start_id: int = 0,
-    client: PulsarClient | None = None,
+def _publish_numbered(
+    pc: PulsarClient, topic: str, partitions: int, messages: Iterable[Numbered]
 ) -> int:
-    """Write ``count`` numbered messages (:mod:`htmqc.produce`'s format: key
-    ``k{i % keys}``, value the zero-padded id, the id property) to ``topic``, creating
-    it with ``partitions`` partitions if missing. Message ``i`` goes to partition
-    ``i % partitions``. Returns ``count``."""
-    from htmqc.produce import ID_HEADER, message_key, message_value
+    """:data:`produce`'s messages, the id as a property, to their partitions."""
+    from htmqc.produce import ID_HEADER
 
-    own = client is None
-    pc = client or PulsarClient(bootstrap)
-    try:
-        pc.create_topic(topic, partitions)
+    return pc.publish_many(topic, partitions, (
+        (m.partition, (m.value, None if m.key is None else _text(m.key), {ID_HEADER: str(m.id)}))
+        for m in messages
+    ))  # fmt: skip
 
-        def records() -> Iterable[tuple[int, Any]]:
-            for i in range(start_id, start_id + count):
-                key = message_key(i, keys)
-                yield i % partitions, (
-                    message_value(i, size), None if key is None else _text(key),
-                    {ID_HEADER: str(i)},
-                )  # fmt: skip
 
-        return pc.publish_many(topic, partitions, records())
-    finally:
-        if own:
-            pc.close()
+#: ``produce(bootstrap, topic, count, *, partitions, keys=100, size=100, start_id=0,
+#: client=None)``: numbered test messages to a partitioned topic, created if missing
+#: (:class:`~htmqc.sources.pumped.NumberedProducer`).
+produce = NumberedProducer(PulsarClient, _publish_numbered)
 
 
 class PulsarProducer(Deliveries):

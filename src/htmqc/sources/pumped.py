@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
@@ -639,3 +639,74 @@ class Deliveries:
             except Exception:
                 pass  # reported through on_delivery
         return left
+
+
+# -- numbered test messages (``produce``) -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Numbered:
+    """Message ``id`` of :mod:`htmqc.produce`'s format: key ``k{id % keys}`` (``None``
+    with no keys), value the zero-padded id; it goes to partition ``id % partitions``."""
+
+    id: int
+    partition: int
+    value: bytes
+    key: bytes | None
+
+
+class LogClient(Protocol):
+    """What :class:`NumberedProducer` needs of a source's blocking client."""
+
+    def create_topic(self, topic: str, partitions: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=LogClient)
+
+
+class NumberedProducer(Generic[C]):
+    """A source's ``produce(bootstrap, topic, count, *, partitions, keys=100,
+    size=100, start_id=0, client=None)``: write ``count`` numbered messages
+    (:class:`Numbered`, ids from ``start_id``; the id also in the message's
+    :data:`htmqc.produce.ID_HEADER`) to ``topic``, creating it with ``partitions``
+    partitions if missing, and return ``count``. ``client`` (else one of ``connect``,
+    closed afterwards) writes them: the source supplies ``publish(client, topic,
+    partitions, messages)``, which publishes them in order, waits for every one and
+    returns how many."""
+
+    def __init__(
+        self,
+        connect: Callable[[str], C],
+        publish: Callable[[C, str, int, Iterable[Numbered]], int],
+    ) -> None:
+        self.connect = connect
+        self.publish = publish
+
+    def __call__(
+        self,
+        bootstrap: str,
+        topic: str,
+        count: int,
+        *,
+        partitions: int,
+        keys: int = 100,
+        size: int = 100,
+        start_id: int = 0,
+        client: C | None = None,
+    ) -> int:
+        from htmqc.produce import message_key, message_value
+
+        messages = (
+            Numbered(i, i % partitions, message_value(i, size), message_key(i, keys))
+            for i in range(start_id, start_id + count)
+        )
+        own = client is None
+        log = client if client is not None else self.connect(bootstrap)
+        try:
+            log.create_topic(topic, partitions)
+            return self.publish(log, topic, partitions, messages)
+        finally:
+            if own:
+                log.close()

@@ -79,6 +79,8 @@ from htmqc.sources.pumped import (
     TP,
     Deliveries,
     LogMessage,
+    Numbered,
+    NumberedProducer,
     PumpedConsumer,
     _Partition,
     check_plain,
@@ -665,38 +667,22 @@ class RabbitStreamClient:
         stop_loop(self._loop, self._thread)
 
 
-def produce(
-    bootstrap: str,
-    topic: str,
-    count: int,
-    *,
-    partitions: int,
-    keys: int = 100,
-    size: int = 100,
-    start_id: int = 0,
-    client: RabbitStreamClient | None = None,
+def _publish_numbered(
+    rc: RabbitStreamClient, topic: str, partitions: int, messages: Iterable[Numbered]
 ) -> int:
-    """Write ``count`` numbered messages (:mod:`htmqc.produce`'s format: key
-    ``k{i % keys}``, value the zero-padded id, the id header) to ``topic``, creating
-    its ``partitions`` streams if missing. Message ``i`` goes to partition
-    ``i % partitions``. Returns ``count``."""
-    from htmqc.produce import ID_HEADER, message_key, message_value
+    """:data:`produce`'s messages, the id as a header, to their streams."""
+    from htmqc.produce import ID_HEADER
 
-    own = client is None
-    rc = client or RabbitStreamClient(bootstrap)
-    try:
-        rc.create_topic(topic, partitions)
-        records = (
-            (
-                stream_name(topic, i % partitions),
-                outgoing(message_value(i, size), message_key(i, keys), [(ID_HEADER, b"%d" % i)]),
-            )
-            for i in range(start_id, start_id + count)
-        )
-        return rc.publish_many(records)
-    finally:
-        if own:
-            rc.close()
+    return rc.publish_many(
+        (stream_name(topic, m.partition), outgoing(m.value, m.key, [(ID_HEADER, b"%d" % m.id)]))
+        for m in messages
+    )
+
+
+#: ``produce(bootstrap, topic, count, *, partitions, keys=100, size=100, start_id=0,
+#: client=None)``: numbered test messages to a topic's streams, created if missing
+#: (:class:`~htmqc.sources.pumped.NumberedProducer`).
+produce = NumberedProducer(RabbitStreamClient, _publish_numbered)
 
 
 class RabbitStreamProducer(Deliveries):
