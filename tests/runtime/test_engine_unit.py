@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,8 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from htmqc.errors import RuntimeFailure
-from htmqc.runtime import Engine, RunOptions
+from htmqc.runtime import Engine, RunOptions, loop
 from htmqc.runtime.intake import ANY_READERS, READERS, drop_errors
+from htmqc.sinks import open_sink
 from htmqc.testing import FakeConsumer, FakeMessage, FakeProducer, make_logs
 
 TOPIC = "t"
@@ -362,8 +364,10 @@ def test_librdkafka_lines_repeat_at_most_once_per_period(
 def test_an_idle_poll_waits_at_most_poll_wait_ms(wait_ms: float) -> None:
     """``--poll-wait-ms`` bounds how long a turn's consume call waits for its
     batch to fill while nothing runs (the low-latency profile's lever); a turn
-    with work running does not wait in consume at all. (Shutdown's keep-alive
-    polls, one message each, have their own bound.)"""
+    with work running waits at most ``_BUSY_WAIT`` (10 ms) there, or less if
+    ``--poll-wait-ms`` is less, so arriving records wake it and a worker's report
+    waits no longer than before. (Shutdown's keep-alive polls, one message each,
+    have their own bound.)"""
     waits: list[float] = []
 
     class Recording(FakeConsumer):
@@ -375,8 +379,48 @@ def test_an_idle_poll_waits_at_most_poll_wait_ms(wait_ms: float) -> None:
     consumer = Recording.from_logs(make_logs(TOPIC, 1, 50, keys=5))
     engine = engine_for(lambda msg: None, consumer, max_messages=50, poll_wait_ms=wait_ms)
     engine.run(install_signals=False)
-    assert waits and set(waits) <= {0, wait_ms / 1000.0}
+    busy_wait = min(wait_ms / 1000.0, loop._BUSY_WAIT)
+    assert waits and set(waits) <= {0, busy_wait, wait_ms / 1000.0}
     assert wait_ms / 1000.0 in waits
+
+
+@pytest.mark.parametrize("mode", ["at-least-once", "exactly-once"])
+def test_a_busy_turn_waits_in_consume_only_where_nothing_waits_on_the_loop(
+    mode: str, tmp_path: Path
+) -> None:
+    """While handlers run, at-least-once turns wait in ``consume`` (up to
+    ``_BUSY_WAIT``), so arriving records wake the loop and the lanes do not run
+    dry; exactly-once turns never do: the transaction's commit handshake waits
+    on the loop, which a wait in librdkafka cannot see. Either rule dropped
+    fails it."""
+    busy_waits: list[float] = []
+    engine: Engine
+
+    class Recording(FakeConsumer):
+        def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Any]:
+            if num_messages > 1 and not engine.workers.idle:
+                busy_waits.append(timeout)
+            return super().consume(num_messages, timeout)
+
+    def handler(msg: Any, *tx: Any) -> None:
+        time.sleep(0.001)
+
+    consumer = Recording.from_logs(make_logs(TOPIC, 1, 200, keys=5))
+    url = f"sqlite:///{tmp_path / 'eo.db'}" if mode == "exactly-once" else None
+    opts = RunOptions(bootstrap="fake:1", topic=TOPIC, group="g", mode=mode, sink=url,
+                      max_messages=200, batch_size=10, txn_messages=20)
+    sink = None
+    if url is not None:
+        sink = open_sink(url)
+        sink.open("g")
+    engine = Engine(handler, opts, consumer, sink=sink)
+    consumer.on_commit = engine.on_commit
+    engine.run(install_signals=False)
+    assert busy_waits, "no turn ran while handlers were busy"
+    if mode == "exactly-once":
+        assert set(busy_waits) == {0}
+    else:
+        assert max(busy_waits) == loop._BUSY_WAIT
 
 
 

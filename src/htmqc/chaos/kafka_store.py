@@ -71,7 +71,8 @@ DLQ_REASON_HEADER = "htmqc-dlq-reason"
 def encode_output(
     ident: int, key: str | None, partition: int, offset: int, token: str, txn: int
 ) -> bytes:
-    """An output record's value: ``id|key|partition|offset|token|txn``."""
+    """An output record's value: ``id|key|partition|offset|token|txn`` (``key``: a
+    message key decoded as UTF-8, without ``|``)."""
     return _SEP.join((str(ident), key or "", str(partition), str(offset), token, str(txn))).encode()
 
 

@@ -93,9 +93,10 @@ _FLOW_INTERVAL = 1.0
 _POLL_EVERY = 0.1
 #: Real seconds between two snapshots of the state for readers (HTTP, Redis).
 _PUBLISH_EVERY = 0.5
-#: Seconds a turn with nothing fetched waits for a worker's report while workers
-#: are busy or retries wait (woken by the report); an idle turn waits in
-#: consume() instead, up to ``--poll-wait-ms``.
+#: Seconds a busy turn (workers busy or retries waiting) waits at most:
+#: at-least-once in consume() (woken by records), exactly-once, or when the
+#: workers are saturated, for a worker's report (woken by the report); an idle
+#: turn waits in consume(), up to ``--poll-wait-ms``.
 _BUSY_WAIT = 0.01
 
 
@@ -551,7 +552,8 @@ class Engine:
             with self.lock:
                 self.serve()
         real = time.monotonic()
-        if workers.saturated and real - self._polled < _POLL_EVERY:
+        polled = not (workers.saturated and real - self._polled < _POLL_EVERY)
+        if not polled:
             # The workers have enough to do: leave the messages in librdkafka's
             # prefetch queue rather than fetch them into the window (reaching the
             # window pauses the partitions, which drops that queue).
@@ -561,10 +563,17 @@ class Engine:
             wanted = batch if room >= batch else max(1, room)
             self.stats.polled(self.clock.monotonic())
             self._polled = real
-            # While workers are busy, consume does not wait (librdkafka cannot be
-            # woken by a worker's report); the turn waits on the reports, below.
+            wait = o.poll_wait_ms / 1000.0
+            if busy:
+                # librdkafka cannot be woken by a worker's report. At-least-once
+                # nothing waits on the loop: wait here, woken by arriving records
+                # (waiting on the reports instead, the lanes ran dry while the
+                # fetcher caught up), a report waiting _BUSY_WAIT at most.
+                # Exactly-once the worker's commit handshake waits on the loop:
+                # do not wait here; the turn waits on the reports, below.
+                wait = 0.0 if self.eo is not None else min(wait, _BUSY_WAIT)
             self.consumes += 1
-            msgs = self.consumer.consume(wanted, 0 if busy else o.poll_wait_ms / 1000.0)
+            msgs = self.consumer.consume(wanted, wait)
         with self.lock:
             # Reports may seek (a claim, a rollback): intake then knows this batch
             # was read before the seek.
@@ -583,7 +592,7 @@ class Engine:
             self._turn(self.clock.monotonic() if now is None else now, len(msgs) < batch)
         if self.lockstep:
             self.settle()
-        elif busy and not msgs:
+        elif busy and not msgs and (not polled or self.eo is not None):
             self.workers.wait(_BUSY_WAIT)
 
     def _turn(self, now: float, short: bool) -> None:
