@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from htmqc.core import (
     Commit,
@@ -123,6 +123,105 @@ def mismatches(vector: dict[str, Any]) -> Iterator[str]:
     yield from step_mismatches(
         vector, lambda op, args: answer(call(core, op, args)), core.snapshot, (CoreError,)
     )
+
+
+class OffsetMap(Protocol):
+    """How a log adapter carries offsets (:func:`mapped_mismatches`): each offset a
+    step names goes to the log's native position and back through the adapter's
+    code. ``tp`` is the vector's partition name; values below 0 never get here."""
+
+    def message(self, tp: str, offset: int) -> int:
+        """The offset of the stored message at ``offset``, as the adapter reads it."""
+
+    def batch(self, tp: str, offsets: list[int]) -> list[int]:
+        """The offsets of a fetched batch, delivered in this order."""
+
+    def position(self, tp: str, offset: int) -> int:
+        """A position (one past the last message below it), stored and read back."""
+
+
+#: Per op: the ``args`` that name stored messages, and those that are positions.
+MESSAGE_ARGS = {"finished_above", "offsets", "offset"}
+POSITION_ARGS = {"committed", "end"}
+#: Ops whose ``offset`` is a position (a commit's watermark), not a message.
+POSITION_OPS = {"commit_acked", "commit_failed"}
+
+
+def offsets_named(vector: dict[str, Any]) -> dict[str, set[int]]:
+    """Per partition, every offset ``>= 0`` a core vector names as a stored
+    message (in ``args`` and in answers); the rest of the log is holes."""
+    out: dict[str, set[int]] = {}
+
+    def add(tp: str, values: Any) -> None:
+        values = values if isinstance(values, list) else [values]
+        out.setdefault(tp, set()).update(v for v in values if isinstance(v, int) and v >= 0)
+
+    for step in vector["steps"]:
+        args, op = step["args"], step["op"]
+        for key in ("finished_above", "offsets") + (() if op in POSITION_OPS else ("offset",)):
+            if key in args:
+                add(args["tp"], args[key])
+        result = step.get("result")
+        if op == "fetched" and isinstance(result, list):
+            add(args["tp"], result)
+        elif isinstance(result, dict):
+            add(result["tp"], result["finished_above" if result["type"] == "Commit" else "offset"])
+    return out
+
+
+def _through(mapping: OffsetMap, tp: str, value: Any, kind: str) -> Any:
+    """``value`` (an offset, a list of them, or ``None``) through ``mapping``."""
+    if isinstance(value, list):
+        if kind == "batch" and all(isinstance(v, int) and v >= 0 for v in value):
+            return mapping.batch(tp, value) if value else []
+        return [_through(mapping, tp, v, "message") for v in value]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        return value  # not a log position: the core's refusals see it unchanged
+    return mapping.position(tp, value) if kind == "position" else mapping.message(tp, value)
+
+
+def mapped_args(op: str, args: dict[str, Any], mapping: OffsetMap) -> dict[str, Any]:
+    """``args`` with every offset through ``mapping`` (a fetched batch as one
+    delivery, the other lists one message at a time)."""
+    out = dict(args)
+    for key, value in args.items():
+        if key in POSITION_ARGS or (key == "offset" and op in POSITION_OPS):
+            out[key] = _through(mapping, args["tp"], value, "position")
+        elif key in MESSAGE_ARGS:
+            out[key] = _through(mapping, args["tp"], value, "batch" if op == "fetched" else "list")
+    return out
+
+
+def mapped_answer(answer_: Any, mapping: OffsetMap) -> Any:
+    """A core answer (vector vocabulary) whose offsets went through ``mapping`` on
+    the way back: a commit's watermark as a stored position, the rest as messages."""
+    if isinstance(answer_, dict):
+        out = dict(answer_)
+        if out["type"] == "Commit":
+            out["offset"] = _through(mapping, out["tp"], out["offset"], "position")
+            out["finished_above"] = _through(mapping, out["tp"], out["finished_above"], "list")
+        else:
+            out["offset"] = _through(mapping, out["tp"], out["offset"], "message")
+        return out
+    return answer_
+
+
+def mapped_mismatches(vector: dict[str, Any], mapping: OffsetMap) -> Iterator[str]:
+    """:func:`mismatches` of a core vector (no ``kind``) whose offsets all go through
+    a log adapter's conversions (``mapping``): the event's offsets before the core
+    sees them, the answer's on the way back; states are compared as they are."""
+    if vector.get("format") != FORMAT or vector.get("kind") is not None:
+        yield f"{vector.get('name')}: not a format {FORMAT} core vector"
+        return
+    core = ConsumerCore(RetryPolicy(**vector["retry"]))
+
+    def perform(op: str, args: dict[str, Any]) -> Any:
+        got = answer(call(core, op, mapped_args(op, args, mapping)))
+        if op == "fetched" and isinstance(got, list) and got:
+            return _through(mapping, args["tp"], got, "list")
+        return mapped_answer(got, mapping)
+
+    yield from step_mismatches(vector, perform, core.snapshot, (CoreError,))
 
 
 def step_mismatches(
