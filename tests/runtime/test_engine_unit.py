@@ -462,3 +462,60 @@ def test_a_users_own_error_cb_is_called_and_the_engine_still_hears_the_error(
     config["error_cb"](down)
     assert heard == ([down] if users else []) + [("engine", down)]
     assert engine.ready() == (False, "the broker is unreachable")
+
+
+@pytest.mark.parametrize("mode", ["at-least-once", "exactly-once"])
+def test_a_turn_waiting_only_for_a_retry_does_not_spin(mode: str, tmp_path: Path) -> None:
+    """One message fails once and waits for its retry (~0.3 s), with nothing else
+    to run: the loop waits (in consume, up to ``_BUSY_WAIT`` a turn) rather than
+    turning as fast as it can. Exactly-once used to spin here (consume without a
+    wait, then a report wait that returns at once with the worker idle)."""
+    calls = [0]
+    failures = [0]
+
+    class Counting(FakeConsumer):
+        def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Any]:
+            calls[0] += 1
+            return super().consume(num_messages, timeout)
+
+    def handler(msg: Any, *tx: Any) -> None:
+        # Exactly-once runs a failed piece again one message at a time before
+        # the failure counts: fail that call too.
+        if failures[0] < (2 if tx else 1):
+            failures[0] += 1
+            raise RuntimeError("once")
+
+    url = f"sqlite:///{tmp_path / 'eo.db'}" if mode == "exactly-once" else None
+    opts = RunOptions(bootstrap="fake:1", topic=TOPIC, group="g", mode=mode, sink=url,
+                      max_messages=1, backoff_ms=2000.0, backoff_max_ms=2000.0)
+    sink = None
+    if url is not None:
+        sink = open_sink(url)
+        sink.open("g")
+    consumer = Counting.from_logs(make_logs(TOPIC, 1, 1, keys=1))
+    engine = Engine(handler, opts, consumer, sink=sink, seed=1)
+    consumer.on_commit = engine.on_commit
+    started = time.monotonic()
+    engine.run(install_signals=False)
+    waited = time.monotonic() - started
+    assert failures[0] and engine.stats.finished == 1
+    # At most a turn per _BUSY_WAIT while the retry waits (plus start and end).
+    assert calls[0] <= waited / loop._BUSY_WAIT * 2 + 50, (calls[0], waited)
+
+
+def test_a_busy_turn_waits_on_the_reports_while_fetching_is_held(tmp_path: Path) -> None:
+    """At-least-once, handlers busy: a turn waits in consume only if records can
+    come; with fetching held (flow control, the breaker) or a ``--poll-wait-ms``
+    under librdkafka's millisecond, on the reports (which free the window)."""
+    from htmqc.core.gate import Hold
+
+    consumer = FakeConsumer.from_logs(make_logs(TOPIC, 1, 10, keys=1))
+    engine = engine_for(lambda msg: None, consumer)
+    engine.workers._outstanding = 1  # a handler runs
+    assert engine._wait_in_consume(0.1)
+    assert not engine._wait_in_consume(0.0005)
+    engine.ownership.set_hold(Hold.FLOW, True)
+    assert not engine._wait_in_consume(0.1)
+    engine.ownership.set_hold(Hold.FLOW, False)
+    engine.workers._outstanding = 0  # only retries wait: no report can come
+    assert engine._wait_in_consume(0.1)

@@ -48,6 +48,7 @@ from confluent_kafka.admin import AdminClient
 from examples.effects import record
 
 from htmqc.broker import Broker
+from htmqc.core import Commit
 from htmqc.kafka_cluster import KafkaCluster
 from htmqc.observe import Metrics
 from htmqc.produce import produce
@@ -371,6 +372,28 @@ def test_lag_commits_are_at_most_one_per_commit_interval_and_the_last_is_never_l
         }
     assert calls[0.0] >= 600 // 40, "not a lag commit per transaction without a bound"
     assert calls[3_600_000.0] == 2, "the lag commits are not bounded by --commit-ms"
+
+
+def test_a_watermark_of_a_partition_no_longer_held_under_its_epoch_is_never_copied(
+    tmp_path: Path,
+) -> None:
+    """A lag copy waits up to ``--commit-ms``; a partition lost or revoked (and
+    maybe assigned again, under a new epoch) meanwhile is not ours to copy: the
+    next owner's copy may already be there, and ours would move the group's
+    offset backwards. Copying every waiting watermark fails it."""
+    consumer = _consumer(2, 10)
+    engine = _engine(tmp_path / "eo.db", consumer, max_messages=20)
+    held = engine.core.assign((TOPIC, 0), 0)  # the core holds partition 0 only
+    assert engine.eo is not None
+    engine.eo._lag_due = {
+        (TOPIC, 0): Commit(tp=(TOPIC, 0), epoch=held + 1, offset=7),  # an older assignment's
+        (TOPIC, 1): Commit(tp=(TOPIC, 1), epoch=held, offset=5),  # not held
+    }
+    engine.eo.copy_lag(0.0, force=True)
+    assert consumer.commit_calls == [] and engine.eo._lag_due == {}
+    engine.eo._lag_due = {(TOPIC, 0): Commit(tp=(TOPIC, 0), epoch=held, offset=7)}
+    engine.eo.copy_lag(0.0, force=True)
+    assert consumer.commit_calls == [{(TOPIC, 0): 7}]
 
 
 def test_off_commits_nothing_to_the_group(tmp_path: Path) -> None:

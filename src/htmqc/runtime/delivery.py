@@ -358,12 +358,17 @@ class ExactlyOnce:
     def copy_lag(self, now: float, *, force: bool = False) -> None:
         """Copy the stored watermarks not copied yet to the group's offsets
         (:attr:`lag`) if :attr:`lag_seconds` passed since the last copy, or
-        ``force`` (a revoke, the shutdown: before the partitions leave)."""
+        ``force`` (a revoke, the shutdown: before the partitions leave); only
+        of partitions still held under the epoch the watermark was stored in."""
         if self.lag is None or not self._lag_due:
             return
         if force or now - self._lag_copied >= self.lag_seconds:
             self._lag_copied = now
-            due, self._lag_due = list(self._lag_due.values()), {}
+            core = self.engine.core
+            # Only partitions still ours under the same assignment: a lost or
+            # revoked one's copy could land after the next owner's, backwards.
+            due = [c for c in self._lag_due.values() if core.epoch(c.tp) == c.epoch]
+            self._lag_due = {}
             self.lag.mirror(due)
 
     def settled(self) -> bool:
@@ -408,8 +413,6 @@ class ExactlyOnce:
         self.ask()
         done = self.engine.await_(self.settled, deadline)
         self.stuck = not done
-        with self.engine.lock:
-            self.copy_lag(self.engine.clock.monotonic(), force=True)
         return done
 
     def doom(self) -> None:

@@ -93,10 +93,10 @@ _FLOW_INTERVAL = 1.0
 _POLL_EVERY = 0.1
 #: Real seconds between two snapshots of the state for readers (HTTP, Redis).
 _PUBLISH_EVERY = 0.5
-#: Seconds a busy turn (workers busy or retries waiting) waits at most:
-#: at-least-once in consume() (woken by records), exactly-once, or when the
-#: workers are saturated, for a worker's report (woken by the report); an idle
-#: turn waits in consume(), up to ``--poll-wait-ms``.
+#: Seconds a busy turn (workers busy or retries waiting) waits at most, in
+#: consume() (woken by records) or for a worker's report (woken by the report):
+#: see :meth:`Engine._wait_in_consume`; an idle turn waits in consume(), up to
+#: ``--poll-wait-ms``.
 _BUSY_WAIT = 0.01
 
 
@@ -557,7 +557,7 @@ class Engine:
             # The workers have enough to do: leave the messages in librdkafka's
             # prefetch queue rather than fetch them into the window (reaching the
             # window pauses the partitions, which drops that queue).
-            msgs = []
+            msgs, wait = [], 0.0
         else:
             room = self.window.limit - self.stats.in_flight
             wanted = batch if room >= batch else max(1, room)
@@ -565,13 +565,7 @@ class Engine:
             self._polled = real
             wait = o.poll_wait_ms / 1000.0
             if busy:
-                # librdkafka cannot be woken by a worker's report. At-least-once
-                # nothing waits on the loop: wait here, woken by arriving records
-                # (waiting on the reports instead, the lanes ran dry while the
-                # fetcher caught up), a report waiting _BUSY_WAIT at most.
-                # Exactly-once the worker's commit handshake waits on the loop:
-                # do not wait here; the turn waits on the reports, below.
-                wait = 0.0 if self.eo is not None else min(wait, _BUSY_WAIT)
+                wait = min(wait, _BUSY_WAIT) if self._wait_in_consume(wait) else 0.0
             self.consumes += 1
             msgs = self.consumer.consume(wanted, wait)
         with self.lock:
@@ -592,8 +586,22 @@ class Engine:
             self._turn(self.clock.monotonic() if now is None else now, len(msgs) < batch)
         if self.lockstep:
             self.settle()
-        elif busy and not msgs and (not polled or self.eo is not None):
+        elif busy and not msgs and (not polled or not wait):
             self.workers.wait(_BUSY_WAIT)
+
+    def _wait_in_consume(self, wait: float) -> bool:
+        """Whether a busy turn waits for records in consume() (up to ``wait``, at
+        most _BUSY_WAIT) rather than on the workers' reports. librdkafka cannot be
+        woken by a report, so: when the workers are idle (only retry timers wait,
+        no report can come); else at-least-once (nothing waits on the loop; waiting
+        on the reports, the lanes ran dry while the fetcher caught up), unless
+        fetching is held (flow control, the breaker: no record can come, and the
+        reports free the window) or ``wait`` is under librdkafka's millisecond.
+        Exactly-once with the worker busy, never: its commit handshake waits on
+        the loop."""
+        if self.workers.idle:
+            return True
+        return self.eo is None and not self.ownership.gate.holds and wait >= 0.001
 
     def _turn(self, now: float, short: bool) -> None:
         own = self.ownership
@@ -786,6 +794,9 @@ class Engine:
             self.stats.flush_metrics()
             self.report_gaps()
         self.commit(force=True, sync=True)
+        if self.eo is not None:
+            with self.lock:  # what the last commits stored, whatever their outcome
+                self.eo.copy_lag(self.clock.monotonic(), force=True)
         self.alo.close()
         self.consumer.close()
         if self.eo is not None:

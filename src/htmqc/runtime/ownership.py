@@ -410,6 +410,9 @@ class Ownership:
         if e.eo is not None:
             if not e.eo.commit_now(deadline):
                 self.doom()
+            if not lost:  # the lag copy of what is stored, while the partitions are ours
+                with e.lock:
+                    e.eo.copy_lag(e.clock.monotonic(), force=True)
         else:
             with e.lock:
                 e.alo.drain_acks(e.core)
