@@ -29,6 +29,22 @@ def engine_for(handler: Any, consumer: FakeConsumer, **options: Any) -> Engine:
     return engine
 
 
+def engine_in(
+    mode: str, tmp_path: Path, handler: Any, consumer: FakeConsumer, **options: Any
+) -> Engine:
+    """An engine in ``mode``; exactly-once into a SQLite file under ``tmp_path``."""
+    url = f"sqlite:///{tmp_path / 'eo.db'}" if mode == "exactly-once" else None
+    opts = RunOptions(bootstrap="fake:1", topic=TOPIC, group="g", mode=mode, sink=url,
+                      **options)  # fmt: skip
+    sink = None
+    if url is not None:
+        sink = open_sink(url)
+        sink.open("g")
+    engine = Engine(handler, opts, consumer, sink=sink, seed=1)
+    consumer.on_commit = engine.on_commit
+    return engine
+
+
 def run_in_thread(engine: Engine) -> threading.Thread:
     t = threading.Thread(target=lambda: engine.run(install_signals=False), daemon=True)
     t.start()
@@ -406,15 +422,8 @@ def test_a_busy_turn_waits_in_consume_only_where_nothing_waits_on_the_loop(
         time.sleep(0.001)
 
     consumer = Recording.from_logs(make_logs(TOPIC, 1, 200, keys=5))
-    url = f"sqlite:///{tmp_path / 'eo.db'}" if mode == "exactly-once" else None
-    opts = RunOptions(bootstrap="fake:1", topic=TOPIC, group="g", mode=mode, sink=url,
-                      max_messages=200, batch_size=10, txn_messages=20)
-    sink = None
-    if url is not None:
-        sink = open_sink(url)
-        sink.open("g")
-    engine = Engine(handler, opts, consumer, sink=sink)
-    consumer.on_commit = engine.on_commit
+    engine = engine_in(mode, tmp_path, handler, consumer, max_messages=200, batch_size=10,
+                       txn_messages=20)
     engine.run(install_signals=False)
     assert busy_waits, "no turn ran while handlers were busy"
     if mode == "exactly-once":
@@ -485,16 +494,9 @@ def test_a_turn_waiting_only_for_a_retry_does_not_spin(mode: str, tmp_path: Path
             failures[0] += 1
             raise RuntimeError("once")
 
-    url = f"sqlite:///{tmp_path / 'eo.db'}" if mode == "exactly-once" else None
-    opts = RunOptions(bootstrap="fake:1", topic=TOPIC, group="g", mode=mode, sink=url,
-                      max_messages=1, backoff_ms=2000.0, backoff_max_ms=2000.0)
-    sink = None
-    if url is not None:
-        sink = open_sink(url)
-        sink.open("g")
     consumer = Counting.from_logs(make_logs(TOPIC, 1, 1, keys=1))
-    engine = Engine(handler, opts, consumer, sink=sink, seed=1)
-    consumer.on_commit = engine.on_commit
+    engine = engine_in(mode, tmp_path, handler, consumer, max_messages=1,
+                       backoff_ms=2000.0, backoff_max_ms=2000.0)
     started = time.monotonic()
     engine.run(install_signals=False)
     waited = time.monotonic() - started
