@@ -12,6 +12,7 @@ breaker that never half-opens is kept as a mutant the machine must catch.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
@@ -191,6 +192,40 @@ def test_bad_policies_are_refused() -> None:
         BreakerPolicy(first_backoff=5.0, max_backoff=1.0)
     with pytest.raises(ValueError, match="failure_rate"):
         BreakerPolicy(failure_rate=0.0)
+
+
+@pytest.mark.parametrize(
+    ("field", "refused", "accepted"),
+    [
+        ("consecutive", [0, -1], [1]),
+        ("failure_rate", [0.0, -0.5, 1.000001, 1.5], [1e-9, 1.0]),
+        ("min_calls", [0, -1], [1]),
+        ("window", [0.0, -1.0], [1e-9]),
+        ("probe_timeout", [0.0, -1.0], [1e-9]),
+        ("backoff_factor", [0.999], [1.0]),
+    ],
+)
+def test_each_policy_bound_is_where_its_message_says(
+    field: str, refused: list[float], accepted: list[float]
+) -> None:
+    """Every bound of a policy, on both sides of its edge."""
+    for value in refused:
+        with pytest.raises(ValueError, match=field):
+            BreakerPolicy(**{field: value})
+    for value in accepted:
+        assert getattr(BreakerPolicy(**{field: value}), field) == value
+
+
+def test_the_readme_states_the_breaker_defaults() -> None:
+    """The defaults users read are the core's (the window is not an option, so
+    the README is where it is stated)."""
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    p = BreakerPolicy()
+    for stated in (f"`--breaker-consecutive` ({p.consecutive})",
+                   f"`--breaker-failure-rate` ({p.failure_rate:g})",
+                   f"`--breaker-min-calls` ({p.min_calls})",
+                   f"the calls of the last {p.window:g} s"):
+        assert stated in readme, stated
 
 
 @pytest.mark.parametrize(
