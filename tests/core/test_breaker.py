@@ -12,8 +12,8 @@ breaker that never half-opens is kept as a mutant the machine must catch.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
