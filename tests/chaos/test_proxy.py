@@ -107,6 +107,16 @@ def test_a_non_kafka_client_still_passes(proxy: ChaosProxy) -> None:
         assert proxy.client_ids() == [None]
 
 
+def test_a_connection_is_listed_once_its_first_request_is_read(proxy: ChaosProxy) -> None:
+    with connect(proxy, None) as sock:
+        wait_until(lambda: proxy.stats().get("accepted") == 1)
+        assert proxy.client_ids() == []  # whose it is cannot be told yet
+        hello = kafka_header("chaos-late")
+        sock.sendall(hello)
+        assert recv_exactly(sock, len(hello)) == hello
+        assert proxy.client_ids() == ["chaos-late"]
+
+
 def test_delay_holds_each_chunk(proxy: ChaosProxy) -> None:
     with connect(proxy) as sock:
         proxy.set("delay", delay_ms=150)

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from htmqc.core import BreakerPolicy, BreakerState
+from htmqc.dlq.headers import OFFSET, PARTITION
 from htmqc.observe.metrics import Metrics
 from htmqc.runtime import Engine, RunOptions
 from htmqc.testing import FakeConsumer, FakeProducer, make_logs
@@ -97,3 +98,42 @@ def test_the_run_options_set_the_breaker_triggers() -> None:
     policy = engine.breaker.policy
     assert (policy.consecutive, policy.failure_rate, policy.min_calls) == (3, 0.25, 7)
     assert policy.window == BreakerPolicy().window
+
+
+def test_scattered_bad_messages_retried_together_do_not_trip_the_breaker() -> None:
+    """Bad data is not a broken handler: one message in twenty always fails, the
+    rest succeed. Their first failures are scattered among successes; their
+    retries come back after the rest is done, one failure after another. A
+    retry failing again says nothing new (the message was known to fail), so
+    the streak does not count it: the breaker stays closed, each bad message is
+    dead-lettered after its retries, the stream ends. (Counting them tripped
+    it; the held messages then failed every probe and the run never ended.)"""
+    consumer = FakeConsumer.from_logs(make_logs(TOPIC, 2, N, keys=13))
+    producer = FakeProducer()
+    done: set[tuple[int, int]] = set()
+    lock = threading.Lock()
+
+    def handler(msg: Any) -> None:
+        if msg.offset() % 20 == 7:
+            raise Broken(f"bad record at {msg.offset()}")
+        with lock:
+            done.add((msg.partition(), msg.offset()))
+
+    options = RunOptions(
+        bootstrap="fake:1", topic=TOPIC, group="g", workers=2, max_messages=2 * N,
+        batch_size=20, max_retries=3, backoff_ms=100, backoff_max_ms=100,
+    )  # fmt: skip
+    engine = Engine(
+        handler, options, consumer, producer_factory=lambda: producer, seed=1,
+        breaker=BreakerPolicy(consecutive=5, first_backoff=0.05, max_backoff=0.2),
+    )  # fmt: skip
+    consumer.on_commit = engine.on_commit
+    thread = threading.Thread(target=lambda: engine.run(install_signals=False), daemon=True)
+    thread.start()
+    thread.join(20)
+    bad = [(p, o) for p in range(2) for o in range(N) if o % 20 == 7]
+    assert not thread.is_alive(), f"the run never ended (breaker trips: {engine.breaker.trips})"
+    assert engine.breaker.trips == 0
+    assert len(done) == 2 * N - len(bad)
+    letters = [dict(r.headers) for r in producer.records]
+    assert sorted((int(h[PARTITION]), int(h[OFFSET])) for h in letters) == bad

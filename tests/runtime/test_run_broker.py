@@ -42,13 +42,25 @@ def htmqc_run(
         topic,
         *extra[1:],
     ]
-    full_env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'src'}", **(env or {}))
+    # PYTHONFAULTHANDLER: a run that hangs prints every thread's stack on the
+    # SIGABRT ``finish`` sends it, into its log.
+    full_env = dict(
+        os.environ,
+        PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'src'}",
+        PYTHONFAULTHANDLER="1",
+        **(env or {}),
+    )
     if log is None:
         return subprocess.Popen(
             cmd, env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
         )
     with log.open("ab") as out:  # the child keeps its own descriptor
-        return subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+    _LOGS[proc.pid] = log
+    return proc
+
+
+_LOGS: dict[int, Path] = {}
 
 
 def logged(text: str, part: str) -> int:
@@ -90,12 +102,23 @@ def wait_for(predicate: Any, timeout: float, what: str) -> None:
 
 
 def finish(proc: subprocess.Popen[bytes], timeout: float = 60) -> int:
+    """The run's exit code; a run still going after ``timeout`` seconds is
+    made to print its threads' stacks, killed, and fails the test with the end
+    of its log (stacks included) when :func:`htmqc_run` was given one."""
     try:
         return proc.wait(timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise
+        proc.send_signal(signal.SIGABRT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log = _LOGS.get(proc.pid)
+        tail = log.read_text(errors="replace")[-8000:] if log else "(run without a log)"
+        raise AssertionError(
+            f"the run (pid {proc.pid}) did not end within {timeout} s; its log ends:\n{tail}"
+        ) from None
 
 
 def exactly_once_args(db: Path, group: str, *extra: str) -> list[str]:

@@ -116,6 +116,7 @@ class _Link:
 
     client: asyncio.StreamWriter
     client_id: str | None = None
+    read_first: bool = False  # the first request was read (or given up on)
     upstream: asyncio.StreamWriter | None = None
     half_closed: bool = False
     closed: bool = False
@@ -205,10 +206,12 @@ class ChaosProxy:
         return self._call(read())
 
     def client_ids(self) -> list[str | None]:
-        """Client ids of the open connections (``None``: not identified)."""
+        """Client ids of the open connections (``None``: its first request
+        named none, or was not a Kafka request). A connection still waiting for
+        its first request is not listed: nobody can say whose it is yet."""
 
         async def read() -> list[str | None]:
-            return [link.client_id for link in self._links]
+            return [link.client_id for link in self._links if link.read_first]
 
         return self._call(read())
 
@@ -318,6 +321,7 @@ class ChaosProxy:
             first = b""
             if self.kafka_ids:
                 first = await self._identify(reader, link)
+            link.read_first = True
             try:
                 up_reader, up_writer = await asyncio.open_connection(*self.upstream)
             except OSError:

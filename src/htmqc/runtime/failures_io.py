@@ -18,7 +18,9 @@ reports ``dead`` / ``moved``; only then does the core hear ``dead_lettered``
 / ``handed_off``.
 
 The circuit breaker (:class:`~htmqc.core.breaker.Breaker`) hears every
-handler outcome here; while it is not closed a failure is held (retried when
+handler outcome here but a retry's failure while it is closed (the message was
+known to fail: its first failure was the evidence; a probe's failure always
+counts); while it is not closed a failure is held (retried when
 it lets work out again), never dead-lettered, and the intake hands out no
 work (:mod:`~htmqc.runtime.intake`).
 """
@@ -92,6 +94,7 @@ class Failures:
             return  # late: the partition moved on
         wall = e.clock.wall()
         now = e.clock.monotonic()
+        again = (tp, offset) in self._first
         first = self._first.setdefault((tp, offset), wall)
         too_large = isinstance(exc, MessageTooLarge)
         # A record that does not decode is dead-lettered at once, whatever the
@@ -106,7 +109,13 @@ class Failures:
             from_retry_topic=from_retry_topic,
             prior_attempts=prior_attempts(msg) if from_retry_topic else 0,
         )
-        if not (too_large or undecodable):  # the handler never ran on these
+        again = again or failure.prior_attempts > 0
+        # The handler never ran on a too-large or undecodable record. A message
+        # failing again was known to fail: only its first failure is evidence
+        # about the handler (scattered bad records retried one after another
+        # would trip the breaker, and then fail every probe). A probe's failure
+        # always counts.
+        if not (too_large or undecodable) and (not again or not self.breaker.closed):
             self.breaker_event(self.breaker.failed(tp, offset, error_class(exc), now))
         decision = e.core.failed(
             tp, epoch, offset, failure, wall, self.rng.random(),

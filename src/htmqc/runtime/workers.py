@@ -197,7 +197,7 @@ class Workers(ABC):
     def saturated(self) -> bool:
         """Every worker has a command running and another queued: fetching more
         now would only make it wait in memory."""
-        return self._outstanding >= 2 * len(self._inbox) and self._waiting == 0
+        return self._outstanding >= 2 * len(self._inbox) and not self.asking
 
     @property
     def asking(self) -> bool:
@@ -207,7 +207,7 @@ class Workers(ABC):
     def quiet(self) -> bool:
         """Nothing can happen without the loop: every command is done, or a
         worker waits for the loop's answer (the commands behind it wait too)."""
-        return self._outstanding == 0 or self._waiting > 0
+        return self.idle or self.asking
 
     def wait(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for a report or a worker to finish."""
