@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import icontract
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -190,6 +191,11 @@ def test_a_probe_that_never_reports_is_forgotten() -> None:
 def test_bad_policies_are_refused() -> None:
     with pytest.raises(ValueError, match="first_backoff"):
         BreakerPolicy(first_backoff=5.0, max_backoff=1.0)
+    for first in (0.0, -0.5, -1.0):
+        with pytest.raises(ValueError, match="first_backoff"):
+            BreakerPolicy(first_backoff=first)
+    assert BreakerPolicy(first_backoff=1e-9).first_backoff == 1e-9
+    assert BreakerPolicy(first_backoff=5.0, max_backoff=5.0).max_backoff == 5.0
     with pytest.raises(ValueError, match="failure_rate"):
         BreakerPolicy(failure_rate=0.0)
 
@@ -236,6 +242,71 @@ def test_the_readme_states_the_breaker_defaults() -> None:
 def test_non_finite_policy_doubles_are_refused(name: str, bad: float) -> None:
     with pytest.raises(ValueError, match=f"{name} must be finite"):
         BreakerPolicy(**{name: bad})
+
+
+@pytest.mark.parametrize("state", list(BreakerState))
+def test_the_views_are_exactly_the_state(state: BreakerState) -> None:
+    """``closed``, ``fetch_paused`` and ``held_for`` are plain values of the
+    state (``is True``: a view that stopped being a property is a bound
+    method, which is truthy)."""
+    b, now = breaker_in(state)
+    assert b.closed is (state is B.CLOSED)
+    assert b.fetch_paused is (state is B.OPEN)
+    held = b.held_for(now)
+    assert (held is None) is (state is B.CLOSED)
+    if state in (B.HALF_OPEN, B.PROBING):
+        assert held == 0.0
+
+
+def _invariant_holds(b: Breaker) -> bool:
+    return breaker.breaker_invariant(b)
+
+
+@pytest.mark.parametrize("state", list(BreakerState))
+def test_the_invariant_holds_in_every_reachable_state(state: BreakerState) -> None:
+    b, _ = breaker_in(state)
+    assert _invariant_holds(b)
+    if state is not B.CLOSED:  # the streak is bounded only while closed
+        b._streak = {(OTHER, k) for k in range(2 * b.policy.consecutive)}
+        assert _invariant_holds(b)
+
+
+@pytest.mark.parametrize(
+    ("state", "corrupt"),
+    [
+        (B.CLOSED, lambda b: setattr(b, "_open_until", 5.0)),
+        (B.OPEN, lambda b: setattr(b, "_open_until", None)),
+        (B.CLOSED, lambda b: setattr(b, "_probe", PROBE)),
+        (B.PROBING, lambda b: setattr(b, "_probe", None)),
+        (B.CLOSED, lambda b: setattr(b, "_backoff", b.policy.max_backoff * 2)),
+        (B.CLOSED, lambda b: setattr(b, "_backoff", b.policy.first_backoff / 2)),
+        (B.CLOSED, lambda b: setattr(
+            b, "_streak", {(OTHER, k) for k in range(b.policy.consecutive)})),
+        (B.CLOSED, lambda b: setattr(
+            b, "_streak", {(OTHER, k) for k in range(b.policy.consecutive + 1)})),
+        (B.CLOSED, lambda b: b._buckets.extend([k, 1, 0] for k in range(breaker.BUCKETS + 1))),
+    ],
+    ids=["open_until-closed", "no-open_until-open", "probe-closed", "no-probe-probing",
+         "backoff-above", "backoff-below", "streak-at-trigger", "streak-past-trigger",
+         "buckets"],
+)
+def test_the_invariant_refuses_each_broken_field(
+    state: BreakerState, corrupt: Callable[[Breaker], None]
+) -> None:
+    """Each conjunct on its own: one field out of line, the rest as reached."""
+    b, _ = breaker_in(state)
+    corrupt(b)
+    assert not _invariant_holds(b)
+
+
+def test_time_may_start_anywhere_finite_and_never_goes_back() -> None:
+    b = Breaker(POLICY)
+    assert b.tick(-5.0) is None  # any finite start: a clock's zero is arbitrary
+    assert b.tick(-5.0) is None
+    if breaker.ENABLED:
+        for bad in (-6.0, math.inf, math.nan):
+            with pytest.raises(icontract.ViolationError, match="time is finite"):
+                b.tick(bad)
 
 
 # -- the breaker against the naive model -------------------------------------------------------
