@@ -119,6 +119,38 @@ def test_the_streak_counts_messages_not_attempts() -> None:
     assert b.failed(OTHER, 200, "db.Down", 50.0) is BE.TRIPPED  # the tenth message
 
 
+def test_a_streak_longer_than_the_small_ints_trips_it() -> None:
+    """The count is compared by value: 300 is past the integers CPython caches
+    (an ``is`` comparison would never trip)."""
+    b = Breaker(BreakerPolicy(consecutive=300, min_calls=10**6))
+    for offset in range(299):
+        assert b.failed(OTHER, offset, "db.Down", 0.0) is None
+    assert b.failed(OTHER, 299, "db.Down", 0.0) is BE.TRIPPED
+
+
+def test_calls_at_one_time_share_one_bucket_far_from_zero() -> None:
+    """Bucket indices far past the cached small integers still match: many calls
+    at one time are one bucket, counted once each."""
+    b = Breaker(BreakerPolicy(min_calls=10**6, consecutive=10**6))
+    now = 100_000.0  # bucket 33,333 with the 30 s window
+    for offset in range(30):
+        b.failed(OTHER, offset, "db.Down", now)
+    b.succeeded(OTHER, list(range(100, 110)), now)
+    assert len(b._buckets) == 1
+    assert b.window_counts(now) == (40, 30)
+
+
+def test_only_the_probe_of_its_own_partition_closes_it() -> None:
+    """A success of the probe's offset on another partition says nothing about
+    the probe, whichever way the partitions compare."""
+    for probe_tp, other_tp in ((("t", 1), ("t", 0)), (("t", 0), ("t", 1))):
+        b, now = breaker_in(B.HALF_OPEN)
+        b.probe_started(probe_tp, 7, now)
+        assert b.succeeded(other_tp, [7], now) is None
+        assert b.state is B.PROBING
+        assert b.succeeded(probe_tp, [7], now) is BE.PROBE_SUCCEEDED
+
+
 def test_ten_messages_in_a_row_with_one_error_class_trip_it() -> None:
     b = Breaker(POLICY)
     for offset in range(9):

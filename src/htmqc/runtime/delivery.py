@@ -29,8 +29,9 @@ offsets itself (:attr:`~htmqc.ports.Sink.commits_group_offsets` false: SQL),
 commit, without telling the core anything; at most once per ``--commit-ms``
 (the latest of each partition; a Kafka commit per transaction was about 1,000
 commits and 4,000 more context switches per million messages), and at once
-when a revoke or the shutdown commits, before the partitions leave. It is a copy for lag tools only:
-nothing reads it back (positions on assignment come from the sink's ``claim``),
+when a revoke or the shutdown commits, before the partitions leave. It is a
+copy for lag tools only: nothing reads it back (positions on assignment come
+from the sink's ``claim``),
 it may lag behind or fail; failures are counted (:attr:`AtLeastOnce.lag_failures`,
 ``htmqc_kafka_lag_commit_failures_total``) and logged at most once per
 :data:`LAG_LOG_EVERY` seconds, and never stop the run.
