@@ -42,7 +42,10 @@ typecheck: setup ## mypy --strict over the core, the runtime and the sinks
 # Four pytest processes share the tests a file at a time (most broker tests wait on
 # brokers, JVMs and subprocesses, so four fit on two cores); the `serial` ones, whose
 # deadlines or races another process's load could decide, run alone afterwards.
-XDIST := -n 4 --dist loadfile
+# A worker that dies (the OOM killer once took one at 17.8 GB) is not replaced: the
+# run ends naming the test it was running, where a replacement once left xdist's
+# file scheduler waiting for good.
+XDIST := -n 4 --dist loadfile --max-worker-restart 0
 
 pytest: setup ## the pytest suite, less the formal checks (those run in `verify`)
 	$(PY) -m pytest -q $(XDIST) -m "not formal and not serial" --durations=25
