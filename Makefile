@@ -101,8 +101,8 @@ verify-long: setup ## longer formal runs: TLC medium models, thorough Hypothesis
 	$(MAKE) mutate mutate-catalogue
 	HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -q -m formal
 
-mutate: setup ## mutants of src/htmqc/core vs the fast checks; fails on an unexplained survivor (~1 h)
-	$(PY) -m model_checks.mutation run --workers 2
+mutate: setup ## mutants of src/htmqc/core vs the fast checks, resuming spec/mutation-results.jsonl; fails on an unexplained survivor
+	$(PY) -m model_checks.mutation run --workers 2 --resume
 
 mutate-catalogue: setup ## named exactly-once bugs, each verification layer run separately
 	$(PY) -m model_checks.mutation catalogue --workers 2

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     generated = generate(files, report.BUILD / "session.sqlite")
     mutants = generated.mutants[: args.limit] if args.limit else generated.mutants
     results, times = run_all(
-        mutants, listed, report.BUILD / "results.jsonl", workers=args.workers,
+        mutants, listed, report.LEDGER, workers=args.workers,
         resume=args.resume or args.cached_only, cached_only=args.cached_only,
     )
     rows = [asdict(r) for r in results]
@@ -91,9 +91,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2, choices=(1, 2))
     p.add_argument("--only-file", action="append", help="mutate this core module only")
     p.add_argument("--limit", type=int, help="run the first N mutants only")
-    p.add_argument("--resume", action="store_true", help="reuse results.jsonl of an earlier run")
+    p.add_argument("--resume", action="store_true", help="reuse the results in spec/mutation-results.jsonl")
     p.add_argument("--cached-only", action="store_true",
-                   help="run nothing: report what results.jsonl holds for these mutants")
+                   help="run nothing: report what spec/mutation-results.jsonl holds")
     p.set_defaults(func=run)
     catalogue_run.add_parser(sub)
     p = sub.add_parser("readme", help="refresh the generated sections of spec/README.md")

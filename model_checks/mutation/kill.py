@@ -15,8 +15,9 @@ mutant's lines (:mod:`model_checks.mutation.contexts`; all of them if one ran at
 import). A check over its limit marks the mutant ``timeout``, which counts as
 detected.
 
-Results are appended to ``build/mutation/results.jsonl`` as they come, so
-``--resume`` skips mutants already run with the same diff and chain.
+Results are appended to ``spec/mutation-results.jsonl`` (tracked: a new machine
+resumes from it) as they come, so ``--resume`` skips mutants already run with the
+same diff and chain.
 """
 
 from __future__ import annotations

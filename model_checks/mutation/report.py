@@ -1,5 +1,6 @@
 """Reports of the mutation run and the catalogue, and their sections of ``spec/README.md``.
 
+``spec/mutation-results.jsonl`` (:data:`LEDGER`) holds every mutant's result;
 ``build/mutation/report.json`` and ``build/mutation/catalogue.json`` are the data;
 ``spec/README.md`` carries a generated summary of each between
 ``<!-- BEGIN GENERATED: NAME -->`` and ``<!-- END GENERATED: NAME -->``
@@ -23,6 +24,10 @@ from htmqc.errors import UsageError
 from model_checks.mutation.config import ROOT
 
 BUILD = ROOT / "build" / "mutation"
+#: Every mutant measured so far, one JSON row each, appended as they come. Kept in
+#: the repository (not under ``build/``): it is hours of measuring, the evidence
+#: behind the generated table, and a new machine resumes from it.
+LEDGER = ROOT / "spec" / "mutation-results.jsonl"
 REPORT = BUILD / "report.json"
 SURVIVORS = BUILD / "survivors.md"
 CATALOGUE_REPORT = BUILD / "catalogue.json"
