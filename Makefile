@@ -32,6 +32,9 @@ $(STAMP): pyproject.toml
 setup: ## install what is missing (venv, Debian packages, Kafka and Pulsar jars, Apicurio Registry) and start the services
 	$(PYTHON) tools/provision.py
 	@$(MAKE) --no-print-directory $(STAMP)
+	@# matplotlib builds its font cache on first use by running fc-list (there once
+	@# fontconfig is installed): here, not inside a fast-tier chart test, which starts no process
+	@$(PY) -c "import matplotlib.font_manager"
 
 lint: setup ## ruff over the whole tree
 	$(VENV)/bin/ruff check $(LINTED)

@@ -60,6 +60,9 @@ from htmqc.kafka_cluster import KafkaCluster, java_binary, kafka_libs, start_kaf
 from htmqc.logs import unlimit_repeats
 from tests.services import missing
 
+#: stops a test process whose memory runs away, naming the test (see its docstring)
+pytest_plugins = ["tests.memory_guard"]
+
 TopicFactory = Callable[..., str]
 
 #: profile -> (max_examples, stateful_step_count); the tests set no budgets of their own.

@@ -91,7 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2, choices=(1, 2))
     p.add_argument("--only-file", action="append", help="mutate this core module only")
     p.add_argument("--limit", type=int, help="run the first N mutants only")
-    p.add_argument("--resume", action="store_true", help="reuse the results in spec/mutation-results.jsonl")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse the results in spec/mutation-results.jsonl")
     p.add_argument("--cached-only", action="store_true",
                    help="run nothing: report what spec/mutation-results.jsonl holds")
     p.set_defaults(func=run)

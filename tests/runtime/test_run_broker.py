@@ -51,9 +51,11 @@ def htmqc_run(
         **(env or {}),
     )
     if log is None:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             cmd, env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
         )
+        _LOGS.pop(proc.pid, None)  # an earlier run's log under a reused pid is not this one's
+        return proc
     with log.open("ab") as out:  # the child keeps its own descriptor
         proc = subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT)
     _LOGS[proc.pid] = log
@@ -61,6 +63,13 @@ def htmqc_run(
 
 
 _LOGS: dict[int, Path] = {}
+
+
+def log_tail(log: Path, size: int = 8000) -> str:
+    """The last ``size`` bytes of ``log`` (a hung run's log can be long)."""
+    with log.open("rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+        return f.read().decode(errors="replace")
 
 
 def logged(text: str, part: str) -> int:
@@ -115,7 +124,7 @@ def finish(proc: subprocess.Popen[bytes], timeout: float = 60) -> int:
             proc.kill()
             proc.wait()
         log = _LOGS.get(proc.pid)
-        tail = log.read_text(errors="replace")[-8000:] if log else "(run without a log)"
+        tail = log_tail(log) if log else "(run without a log)"
         raise AssertionError(
             f"the run (pid {proc.pid}) did not end within {timeout} s; its log ends:\n{tail}"
         ) from None

@@ -762,7 +762,8 @@ class PulsarConsumer(PumpedConsumer):
             now = time.monotonic()
             if now - self._refreshed.get(tp, -math.inf) >= WATERMARK_REFRESH:
                 self._refreshed[tp] = now
-                self._loop.call_soon_threadsafe(self._track, self._watermarks_of(tp))
+                what = f"reading the watermarks of {tp[0]}/{tp[1]}"
+                self._loop.call_soon_threadsafe(self._track, self._watermarks_of(tp), what)
             return self._watermarks.get(tp)
         return super().get_watermark_offsets(partition, timeout)
 

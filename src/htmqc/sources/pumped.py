@@ -43,7 +43,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 
-from htmqc.errors import RuntimeFailure, UsageError
+from htmqc.errors import HtmqcError, RuntimeFailure, UsageError
 
 log = logging.getLogger("htmqc.sources")
 
@@ -543,11 +543,21 @@ class PumpedConsumer:
             part.wake = asyncio.Event()
         self._track(self._pump(part, generation))
 
-    def _track(self, coro: Coroutine[Any, Any, Any]) -> None:
-        """Run ``coro`` as a task :meth:`close` cancels and waits for."""
-        task = self._loop.create_task(coro)
+    def _track(self, coro: Coroutine[Any, Any, Any], what: str = "a background task") -> None:
+        """Run ``coro`` (``what`` it does) as a task :meth:`close` cancels and waits
+        for. Its failure, which nobody awaits, is one warning line, not asyncio's
+        "exception was never retrieved" traceback."""
+        task = self._loop.create_task(coro, name=what)
         self._pumps.add(task)
-        task.add_done_callback(self._pumps.discard)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self._pumps.discard(task)
+        if task.cancelled() or task.exception() is None or self._closed:
+            return
+        exc = task.exception()
+        line = exc.line() if isinstance(exc, HtmqcError) else f"{type(exc).__name__}: {exc}"
+        log.warning("%s failed: %s", task.get_name(), line)
 
     def _current(self, part: _Partition, generation: int) -> bool:
         return not self._closed and part.generation == generation
@@ -566,6 +576,8 @@ class PumpedConsumer:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                if not self._current(part, generation):
+                    return  # closed or re-pumped meanwhile: the failure is of no interest
                 if time.monotonic() - last_failure > 60:
                     failures = 0  # a new incident
                 last_failure = time.monotonic()
