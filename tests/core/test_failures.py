@@ -261,6 +261,14 @@ def test_bad_retry_topics_are_refused() -> None:
             RetryTopic(name=TOPIC, min_delay=0.0, per_source=pairs)
 
 
+def test_many_source_topics_each_with_its_own_retry_topic_are_accepted() -> None:
+    """300 pairs: counts past CPython's cached small ints, where ``is not`` stops
+    meaning ``!=`` (a mutation survivor once compared the counts so)."""
+    pairs = tuple((f"t{i}", f"t{i}.retry") for i in range(300))
+    topic = RetryTopic(name=TOPIC, min_delay=0.0, per_source=pairs)
+    assert [topic.for_source(s) for s, _ in pairs] == [r for _, r in pairs]
+
+
 # -- the decision inside the core, against the reference consumer -----------------------------
 
 class FailuresVersusReference(RuleBasedStateMachine):

@@ -203,6 +203,14 @@ def kill(proc: Any) -> None:
     proc.wait(10)
 
 
+def kill_left(*procs: Any) -> None:
+    """SIGKILL each of ``procs`` that was started and still runs (stopped ones too)."""
+    for proc in procs:
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            kill(proc)
+
+
 # -- exactly-once into PostgreSQL ----------------------------------------------------------
 
 

@@ -25,7 +25,7 @@ import pytest
 
 from htmqc.broker import Broker
 from htmqc.produce import produce
-from tests.runtime.test_modes_broker import PgTables, kill, pg_tables
+from tests.runtime.test_modes_broker import PgTables, kill_left, pg_tables
 from tests.runtime.test_run_broker import finish, htmqc_run, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.brokers("tansu", "kafka")]
@@ -85,10 +85,7 @@ def test_stopped_zombie_late_transaction_is_fenced(
         assert finish(a, 60) == 0, log_a.read_text()[-2000:]
         assert finish(b, 60) == 0, log_b.read_text()[-2000:]
     finally:
-        for proc in (a, b):
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)
-                kill(proc)
+        kill_left(a, b)
     assert "postgresql sink: partition" in log_a.read_text()
     rows = pg.rows()
     ids = Counter(r[0] for r in rows)

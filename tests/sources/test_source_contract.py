@@ -9,14 +9,18 @@ sink's positions; the dead-letter producer publishes to ``TOPIC.dlq`` and
 two sources share a test NATS does not (its offsets have holes, its successor waits out
 a lease), the test names them: dense offsets with keys, headers and watermarks, a
 standby member that takes over when the first goes, at-least-once across a SIGKILL with
-a standby. What differs per source is in ``test_nats_*.py``, ``test_rabbitmq_*.py`` and
-``test_pulsar_*.py``."""
+a standby. Every source: a member frozen inside a transaction while a standby takes its
+lease is fenced and stops. What differs per source is in ``test_nats_*.py``,
+``test_rabbitmq_*.py`` and ``test_pulsar_*.py``."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib
+import signal
 import time
+import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +29,8 @@ from typing import Any
 import pytest
 
 from htmqc.errors import RuntimeFailure, UsageError
-from tests.runtime.test_modes_broker import audit_sigkill_restart, kill
+from htmqc.produce import message_key
+from tests.runtime.test_modes_broker import audit_sigkill_restart, kill, kill_left, pg_tables
 from tests.runtime.test_run_broker import finish, htmqc_run, wait_for
 from tests.sources.support import (
     HANDLERS,
@@ -65,6 +70,7 @@ class Source:
     module: Any
     consumer_class: Any
     keeps_metadata: bool
+    server: Any
 
     def produce(self, topic: str, count: int, partitions: int) -> None:
         self.module.produce(self.url, topic, count, partitions=partitions, client=self.client)
@@ -81,7 +87,8 @@ def source(request: pytest.FixtureRequest) -> Iterator[Source]:
     url = getattr(server, "bootstrap", server.url)  # Pulsar's carries its admin port
     client = getattr(module, client_class)(url)
     try:
-        yield Source(request.param, url, client, module, getattr(module, consumer_class), keeps)
+        yield Source(request.param, url, client, module, getattr(module, consumer_class), keeps,
+                     server)
     finally:
         client.close()
 
@@ -123,6 +130,87 @@ def test_exactly_once_through_repeated_consumer_kills(
     topic, n = topic_name(), 3000
     source.produce(topic, n, 4)
     check_exactly_once_through_kills(source.url, topic, ["--source", source.name], tmp_path, n)
+
+
+def drop_lease(source: Source, group: str, topic: str) -> None:
+    """Make the broker let go of a frozen member's lease now. A Pulsar broker keeps
+    a silent client's subscription for about a minute (its keepalive), so the lease
+    topic is unloaded, as Pulsar's load balancer does; RabbitMQ's lease goes after two
+    missed heartbeats (10 s) and NATS's key expires (10 s) by themselves."""
+    if source.name == "pulsar":
+        from htmqc.sources.pulsar import lease_topic
+
+        lease = lease_topic(group, topic).removeprefix("persistent://")
+        source.server.admin("PUT", f"/v2/persistent/{lease}/unload")
+
+
+def test_a_frozen_member_whose_lease_is_taken_over_stores_nothing_late(
+    source: Source, topic_name: Callable[[], str], tmp_path: Path
+) -> None:
+    """The lease's zombie, as tests/runtime/test_zombie_broker.py does it on Kafka: member
+    A, exactly-once into PostgreSQL, stalls inside an open transaction
+    (:func:`tests.runtime.handlers.stalling_record`) and is then frozen (SIGSTOP: a long
+    GC pause, a stalled VM). The broker lets its lease go (:func:`drop_lease`); the
+    standby B takes the lease, claims the partitions (bumping their fences) and stores
+    everything. When A wakes inside its old transaction, it finds its lease lost and
+    stops with one error line and no traceback; if its late commit comes first (always
+    on Pulsar, whose lease is only in doubt for a 10 s grace; sometimes on NATS and
+    RabbitMQ, whose lease is found lost at once), it is fenced; the row A wrote in that
+    transaction does not exist, every message has exactly one effect, and both traces
+    are behaviours of the model. B stays (idle) while A wakes, so A's lease cannot come
+    back. PostgreSQL, not SQLite: a frozen SQLite writer keeps the file locked, so B
+    would wait for A instead."""
+    url, topic, n, stall_at = source.url, topic_name(), 3000, 800
+    group = f"g-zombie-{uuid.uuid4().hex[:6]}"
+    source.produce(topic, n, 2)
+    flag = tmp_path / "stall"
+    marker = Path(f"{flag}.stalled")
+    flag.touch()
+    log_a, log_b = tmp_path / "a.log", tmp_path / "b.log"
+    trace_a, trace_b = tmp_path / "a.trace", tmp_path / "b.trace"
+    with pg_tables() as pg:
+        args = [f"{HANDLERS}:stalling_record", "--source", source.name, "--group", group,
+                "--mode", "exactly-once", "--sink", pg.sink, "--txn-messages", "100"]
+        env = {"HTMQC_TEST_TABLE": pg.effects, "HTMQC_TEST_STALL": str(flag),
+               "HTMQC_TEST_STALL_AT": str(stall_at)}  # fmt: skip
+        a = htmqc_run(url, topic, *args, *traced(trace_a), env=env, log=log_a)
+        b = None
+        try:
+            wait_for(marker.exists, 60, "A to stall inside a transaction")
+            stalled_id, stalled_pid = map(int, marker.read_text().split())
+            assert stalled_pid == a.pid and stalled_id >= stall_at
+            b = htmqc_run(url, topic, *args, *traced(trace_b), "--idle-exit", "25", env=env,
+                          log=log_b)  # fmt: skip
+            wait_for(lambda: "waiting as a standby" in log_b.read_text(), 30, "the standby")
+            a.send_signal(signal.SIGSTOP)
+            flag.unlink()  # when A runs again, it goes on at once
+            before = pg.stored()
+            assert 0 < before < n, "A should have committed some transactions before stalling"
+            drop_lease(source, group, topic)
+            wait_for(lambda: pg.stored() == n, 120, "B to take the lease and store everything")
+            assert "took the lease" in log_b.read_text()
+            assert "fenced" not in log_a.read_text()
+            a.send_signal(signal.SIGCONT)  # the zombie wakes up inside its old transaction
+            code = finish(a, 60)
+            assert "stopping" not in log_b.read_text(), "B left before A's lease was lost"
+            assert finish(b, 60) == 0, log_b.read_text()[-2000:]
+        finally:
+            kill_left(a, b)
+        text = log_a.read_text()
+        errors = [line for line in text.splitlines() if line.startswith("htmqc: error:")]
+        assert code != 0 and len(errors) == 1 and "lease" in errors[0], text[-3000:]
+        assert "Traceback" not in text, text[-3000:]
+        if source.name == "pulsar":  # its 10 s grace outlasts the late commit, always
+            assert "fenced: " in text, text[-3000:]
+        rows = pg.rows()
+        ids = Counter(r[0] for r in rows)
+        assert sorted(ids) == list(range(n)), "lost effects"
+        twice = [i for i, c in ids.items() if c > 1]
+        assert twice == [], "the zombie's late transaction was stored"
+        [stalled_row] = [r for r in rows if r[0] == stalled_id]
+        assert stalled_row[3] == b.pid, "the stalled message's effect must be B's, not A's"
+        assert pg.stored() == n
+    check_traces("exactly-once", trace_a, trace_b)
 
 
 #: The sources whose offsets are dense (NATS's have holes where messages were
@@ -252,16 +340,19 @@ Letter = tuple[bytes, str, dict[str, str]]
 
 
 def dead_letters(source: Source, topic: str, suffix: str = ".dlq") -> list[Letter]:
-    """The messages of ``TOPIC`` + ``suffix`` (``.dlq``, ``.dlq.poison``) now: a NATS
-    subject (of the stream ``TOPIC-dlq``; the key a header), a Pulsar topic, a
-    RabbitMQ stream. A message without a key has the key ``""``."""
+    """The messages of ``TOPIC`` + ``suffix`` (``.dlq``, ``.dlq.poison``, or a retry
+    topic's partition, :data:`RETRY_PARTITION`) now: a NATS subject (of the stream
+    ``TOPIC-dlq`` or ``TOPIC-retry``; the key a header), a Pulsar topic, a RabbitMQ
+    stream. A message without a key has the key ``""``."""
     client, name = source.client, f"{topic}{suffix}"
     if source.name == "pulsar":
         return [(m.data(), m.partition_key(), dict(m.properties())) for m in client.read(name)]
     if source.name == "nats":
 
         async def fetch() -> list[Letter]:
-            sub = await client.js.pull_subscribe(name, stream=f"{topic}-dlq")
+            retry = suffix == RETRY_PARTITION["nats"]
+            stream = source.module.stream_name(f"{topic}.retry", 0) if retry else f"{topic}-dlq"
+            sub = await client.js.pull_subscribe(name, stream=stream)
             msgs = await sub.fetch(10, timeout=2)
             await sub.unsubscribe()
             out = []
@@ -339,3 +430,57 @@ def test_at_least_once_dead_letters_are_published_to_the_dlq(
     assert key == "k5"
     assert headers["htmqc-dlq-source"] == f"{topic}/1/2"
     assert headers["htmqc-dlq-error-class"].endswith("ValueError")
+
+
+#: Where the one partition of a source's retry topic ``TOPIC.retry`` is (``--retry-topic``).
+RETRY_PARTITION = {
+    "nats": ".retry.0", "pulsar": ".retry-partition-0", "rabbitmq-stream": ".retry-0"
+}  # fmt: skip
+
+
+def test_retries_wait_in_the_retry_topic_and_the_partition_moves_on(
+    source: Source, topic_name: Callable[[], str], tmp_path: Path
+) -> None:
+    """``--retry-topic``, as tests/runtime/test_retry_topic_broker.py on Kafka: a
+    message that fails is written to the one-partition topic ``TOPIC.retry`` (made at
+    start) and its partition moves on; it runs again from there once its
+    ``htmqc-retry-after`` time has come (failing again, it goes back with the next
+    attempt); one that never works is dead-lettered to ``TOPIC.dlq`` after
+    ``--max-retries``. Every other message is handled once, and the retry partition's
+    position is committed to its end."""
+    topic, count, keys, group = topic_name(), 300, 10, "g-retry"
+    flaky, hopeless = [3, 50, 151], 7  # fail twice then work; always fail
+    source.module.produce(source.url, topic, count, partitions=1, keys=keys,
+                          client=source.client)  # fmt: skip
+    out, log = tmp_path / "handled.txt", tmp_path / "run.log"
+    proc = htmqc_run(
+        source.url, topic, "tests.runtime.failure_handlers:fail_twice_then_log",
+        "--source", source.name, "--group", group, "--retry-topic", "--retry-topic-ms", "0",
+        "--backoff-ms", "300", "--backoff-max-ms", "600", "--max-retries", "2",
+        "--idle-exit", "4",
+        env={"HTMQC_TEST_OUT": str(out), "HTMQC_TEST_POISON": ",".join(map(str, flaky)),
+             "HTMQC_TEST_HOPELESS": str(hopeless)},
+        log=log,
+    )  # fmt: skip
+    assert finish(proc, 120) == 0, log.read_text()[-3000:]
+    rows = [line.split() for line in out.read_text().splitlines()]
+    handled = {int(r[0]): r for r in rows}
+    assert len(rows) == len(handled) == count - 1, "lost or handled twice"
+    assert hopeless not in handled
+    retry = f"{topic}.retry"
+    for ident in flaky:
+        _, read_from, at_ms, due_ms = handled[ident]
+        assert read_from == retry, "a retried message ran from the main topic"
+        assert int(at_ms) >= int(due_ms) > 0, "ran before its retry-after time"
+    order = [int(r[0]) for r in rows]
+    for ident in flaky:  # the partition moved on: a later message of its key ran first
+        later = next(i for i in range(ident + 1, count)
+                     if message_key(i, keys) == message_key(ident, keys))  # fmt: skip
+        assert order.index(later) < order.index(ident)
+    assert source.client.partitions(retry) == 1
+    records = dead_letters(source, topic, RETRY_PARTITION[source.name])
+    attempts = sorted(int(headers["htmqc-retry-attempt"]) for _, _, headers in records)
+    assert attempts == [1] * (len(flaky) + 1) + [2] * (len(flaky) + 1)
+    [(_, _, dead)] = dead_letters(source, topic)
+    assert (dead["htmqc-dlq-kind"], dead["htmqc-dlq-retries"]) == ("failed", "2")
+    assert source.client.committed(group, retry, 0) == len(records)

@@ -34,6 +34,12 @@ def poison_topic(topic: str) -> str:
     return f"{topic}.dlq.poison"
 
 
+def retry_topic(topic: str) -> str:
+    """The retry topic of ``topic`` (``--retry-topic``, :mod:`htmqc.runtime.retry_topic`);
+    here beside the dead-letter topics, so that the source adapters can name it too."""
+    return f"{topic}.retry"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeadLetterInfo:
     """Why and when a message ended in the DLQ (see module docs).

@@ -336,8 +336,9 @@ def check_stream_options(options: RunOptions) -> None:
     ``rabbitmq-stream`` or ``pulsar``), one line each, before anything connects.
 
     :raises UsageError: a bad ``--bootstrap``, a topic or group the source cannot
-        name, exactly-once without a SQL sink, a ``kafka:`` sink, ``--retry-topic``,
-        ``--kafka-config``, ``--group-protocol consumer`` or ``--member-id``.
+        name, exactly-once without a SQL sink, a ``kafka:`` sink, ``--retry-topic``
+        exactly-once, ``--kafka-config``, ``--group-protocol consumer`` or
+        ``--member-id``.
     """
     from htmqc.sinks.urls import parse_sink_url
 
@@ -359,10 +360,10 @@ def check_stream_options(options: RunOptions) -> None:
             f"a kafka: sink cannot commit a {name} source's positions atomically",
             f"use --sink sqlite:///PATH or postgresql://... with --source {source}",
         )
-    if options.retry_topic:
+    if options.retry_topic and options.mode == EXACTLY_ONCE:
         raise UsageError(
-            f"--retry-topic is not supported with --source {source}",
-            "drop --retry-topic (backoffs wait in memory)",
+            "--retry-topic with a database sink cannot move a message atomically",
+            "use at-least-once, or drop --retry-topic",
         )
     if options.kafka_config:
         raise UsageError(
@@ -430,6 +431,8 @@ def build_stream_engine(
                     "create it, or pass --create-topic PARTITIONS",
                 )
             client.create_topic(options.topic, options.create_topic)
+        if options.retry_topic:
+            client.create_retry_topic(options.topic)
     finally:
         client.close()
     sink = None

@@ -30,16 +30,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from htmqc.dlq.record import retry_topic as retry_topic
+
 RETRY_AFTER = "htmqc-retry-after"
 RETRY_ATTEMPT = "htmqc-retry-attempt"
 RETRY_OF = "htmqc-retry-of"
 FIRST_FAILURE = "htmqc-first-failure"
 _OURS = (RETRY_AFTER, RETRY_ATTEMPT, RETRY_OF, FIRST_FAILURE)
-
-
-def retry_topic(topic: str) -> str:
-    """The retry topic of ``topic``."""
-    return f"{topic}.retry"
 
 
 def _header(msg: Any, name: str) -> bytes | None:

@@ -93,11 +93,13 @@ from typing import Any, TypeVar
 
 from confluent_kafka import TopicPartition as KafkaTP
 
+from htmqc.dlq.record import retry_topic
 from htmqc.errors import RuntimeFailure, UsageError
 from htmqc.sources.pumped import (
     BUFFER_MESSAGES,
     CALL_TIMEOUT,
     FETCH_BATCH,
+    RETRY_SUFFIX,
     TP,
     CommitCallback,
     Deliveries,
@@ -110,7 +112,7 @@ from htmqc.sources.pumped import (
     stop_loop,
 )
 from htmqc.sources.pumped import OFFSET_INVALID as OFFSET_INVALID
-from htmqc.sources.pumped import stream_name as stream_name
+from htmqc.sources.pumped import stream_name as partition_stream
 
 log = logging.getLogger("htmqc.nats")
 
@@ -130,8 +132,23 @@ FETCH_WAIT = 1.0
 INACTIVE_THRESHOLD = 30.0
 
 
+def stream_name(topic: str, partition: int) -> str:
+    """The stream of ``topic``'s ``partition``: ``TOPIC-P``; of a retry topic
+    ``T.retry`` (one partition, ``--retry-topic``), ``T-retry``. NATS stream names
+    cannot hold ``.``, and no topic's partition stream is named so (those end in
+    ``-`` and a number).
+
+    :raises ValueError: a retry topic's partition other than 0."""
+    if topic.endswith(RETRY_SUFFIX):
+        if partition != 0:
+            raise ValueError(f"a retry topic has one partition, not {partition}")
+        return f"{topic.removesuffix(RETRY_SUFFIX)}-retry"
+    return partition_stream(topic, partition)
+
+
 def subject(topic: str, partition: int) -> str:
-    """The subject of ``topic``'s ``partition``: ``TOPIC.P``."""
+    """The subject of ``topic``'s ``partition``: ``TOPIC.P`` (``T.retry.0`` for a
+    retry topic)."""
     return f"{topic}.{partition}"
 
 
@@ -288,6 +305,9 @@ class NatsConsumer(PumpedConsumer):
         )
 
     # -- topics -------------------------------------------------------------------------------
+
+    def _stream(self, topic: str, partition: int) -> str:
+        return stream_name(topic, partition)
 
     def partitions(self, topic: str) -> int:
         """How many partitions ``topic`` has: streams ``TOPIC-0``, ``TOPIC-1``, ...
@@ -626,6 +646,8 @@ async def _count_partitions(js: Any, topic: str) -> int:
         except NotFoundError:
             return count
         count += 1
+        if topic.endswith(RETRY_SUFFIX):
+            return count  # one partition
 
 
 async def _renew(kv: Any, key: str, value: bytes, revision: int) -> int | None:
@@ -722,7 +744,17 @@ class NatsClient:
         """Create streams ``TOPIC-0`` .. for ``partitions`` (file storage, one
         subject each); existing ones are kept."""
         check_name("topic", topic)
+        self._create_streams(topic, partitions)
 
+    def create_retry_topic(self, topic: str) -> str:
+        """Create ``topic``'s retry topic ``TOPIC.retry`` (``--retry-topic``): one
+        partition, like Kafka's, the stream ``TOPIC-retry`` with the subject
+        ``TOPIC.retry.0`` (kept if it exists); its name."""
+        check_name("topic", topic)
+        self._create_streams(retry_topic(topic), 1)
+        return retry_topic(topic)
+
+    def _create_streams(self, topic: str, partitions: int) -> None:
         async def create() -> None:
             from nats.js.api import StorageType, StreamConfig
 
@@ -825,10 +857,12 @@ def _header_text(value: bytes | None) -> str:
 
 
 class NatsProducer(Deliveries):
-    """The dead-letter producer of a NATS source (:class:`~htmqc.ports.ProducerPort`):
-    ``produce(TOPIC.dlq, ...)`` publishes to the subject ``TOPIC.dlq`` (or
-    ``TOPIC.dlq.poison``), stored by the stream ``TOPIC-dlq`` (created if
-    missing); ``flush`` waits for the JetStream acks."""
+    """The dead-letter and retry producer of a NATS source
+    (:class:`~htmqc.ports.ProducerPort`): ``produce(TOPIC.dlq, ...)`` publishes to the
+    subject ``TOPIC.dlq`` (or ``TOPIC.dlq.poison``), stored by the stream
+    ``TOPIC-dlq`` (created if missing), ``produce(TOPIC.retry, ...)`` to
+    ``TOPIC.retry.0`` (:meth:`NatsClient.create_retry_topic`); ``flush`` waits for the
+    JetStream acks."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
         from htmqc.dlq.record import dlq_topic, poison_topic
@@ -850,8 +884,11 @@ class NatsProducer(Deliveries):
         self.client.call(ensure())
 
     def produce(self, topic: str, *args: Any, **kwargs: Any) -> None:
-        """Publish ``value`` (``key``, ``headers``) to the subject ``topic``;
-        ``on_delivery(err, None)`` once acked."""
+        """Publish ``value`` (``key``, ``headers``) to the subject ``topic`` (a retry
+        topic: its one partition's subject, ``TOPIC.retry.0``); ``on_delivery(err,
+        None)`` once acked."""
+        if topic.endswith(RETRY_SUFFIX):
+            topic = subject(topic, 0)
         value = kwargs.get("value", args[0] if args else None)
         key = kwargs.get("key")
         headers = {name: _header_text(v) for name, v in (kwargs.get("headers") or [])}

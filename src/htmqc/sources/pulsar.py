@@ -134,9 +134,11 @@ from typing import Any, TypeVar
 
 from confluent_kafka import TopicPartition as KafkaTP
 
+from htmqc.dlq.record import retry_topic
 from htmqc.errors import RuntimeFailure, UsageError
 from htmqc.sources.pumped import (
     CALL_TIMEOUT,
+    RETRY_SUFFIX,
     TP,
     Deliveries,
     LogMessage,
@@ -1095,6 +1097,13 @@ class PulsarClient:
         check_name("topic", topic)
         self.admin.create_partitioned(topic, partitions)
 
+    def create_retry_topic(self, topic: str) -> str:
+        """Create ``topic``'s retry topic ``TOPIC.retry`` (``--retry-topic``), a
+        partitioned topic of one partition like Kafka's (kept if it exists); its name."""
+        check_name("topic", topic)
+        self.admin.create_partitioned(retry_topic(topic), 1)
+        return retry_topic(topic)
+
     def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
         """``(low, high)`` of a partition (:meth:`PulsarAdmin.watermarks`)."""
         return self.admin.watermarks(topic, partition)
@@ -1204,10 +1213,12 @@ produce = NumberedProducer(PulsarClient, _publish_numbered)
 
 
 class PulsarProducer(Deliveries):
-    """The dead-letter producer of a Pulsar source (:class:`~htmqc.ports.ProducerPort`):
-    ``produce(TOPIC.dlq, ...)`` publishes to the non-partitioned topic ``TOPIC.dlq``
-    (or ``TOPIC.dlq.poison``), created on first use; ``flush`` waits for the broker's
-    confirmations."""
+    """The dead-letter and retry producer of a Pulsar source
+    (:class:`~htmqc.ports.ProducerPort`): ``produce(TOPIC.dlq, ...)`` publishes to the
+    non-partitioned topic ``TOPIC.dlq`` (or ``TOPIC.dlq.poison``), created on first
+    use; ``produce(TOPIC.retry, ...)`` to the one-partition partitioned topic
+    ``TOPIC.retry`` made at start (:meth:`PulsarClient.create_retry_topic`); ``flush``
+    waits for the broker's confirmations."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
         super().__init__()
@@ -1221,7 +1232,8 @@ class PulsarProducer(Deliveries):
 
         producer = self._producers.get(topic)
         if producer is None:
-            self.client.admin.create_plain(topic)
+            if not topic.endswith(RETRY_SUFFIX):  # a retry topic is partitioned, made at start
+                self.client.admin.create_plain(topic)
             producer = self._producers[topic] = self.client.client.create_producer(
                 f"persistent://{topic_path(topic)}", batching_enabled=False,
                 block_if_queue_full=True,

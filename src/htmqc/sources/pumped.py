@@ -43,6 +43,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import TopicPartition as KafkaTP
 
+from htmqc.dlq.record import retry_topic
 from htmqc.errors import HtmqcError, RuntimeFailure, UsageError
 
 log = logging.getLogger("htmqc.sources")
@@ -59,6 +60,8 @@ FETCH_BATCH = 1000
 BUFFER_MESSAGES = 4000
 #: Seconds a blocking call into the client thread waits at most.
 CALL_TIMEOUT = 30.0
+#: The end of a retry topic's name (``TOPIC.retry``, ``--retry-topic``).
+RETRY_SUFFIX = retry_topic("")
 #: Topic and group names: stream names, subjects, keys and references must stay plain.
 NAME = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -284,28 +287,34 @@ class PumpedConsumer:
         on_revoke: RebalanceCallback | None = None,
         on_lost: RebalanceCallback | None = None,
     ) -> None:
-        """Take ``topics[0]``'s partitions: once this member holds the group's
-        lease, ``on_assign`` gets them all inside a :meth:`consume` (module docs:
-        one member; a second one waits as a standby).
+        """Take the partitions of ``topics``: one topic, or one topic and its retry
+        topic (``[T, T.retry]``, ``--retry-topic``: a subclass names the retry
+        topic's one partition, ``_stream(T.retry, 0)``). Once this member holds the
+        group's lease (named after the first topic), ``on_assign`` gets them all
+        inside a :meth:`consume` (module docs: one member; a second one waits as a
+        standby).
 
-        :raises UsageError: more than one topic, a bad name, or no such topic.
+        :raises UsageError: other topics, a bad name, or no such topic.
         """
-        if len(topics) != 1:
+        topic = topics[0] if topics else ""
+        if topics not in ([topic], [topic, retry_topic(topic)]):
             raise UsageError(
-                f"a {self.SOURCE} source consumes one topic",
-                f"drop --retry-topic with --source {self.OPTION}",
+                f"a {self.SOURCE} source consumes one topic and its retry topic",
+                "pass one --topic (and --retry-topic to read TOPIC.retry too)",
             )
-        topic = topics[0]
         self._check_topic(topic)
-        count = self.partitions(topic)
-        if count == 0:
-            raise UsageError(
-                f"topic {topic!r} has no streams {self._stream(topic, 0)}, ... on {self.SOURCE}",
-                "create them (pass --create-topic PARTITIONS)",
-            )
+        parts = []
+        for name in topics:
+            count = self.partitions(name)
+            if count == 0:
+                raise UsageError(
+                    f"topic {name!r} has no streams {self._stream(name, 0)}, ... on "
+                    f"{self.SOURCE}",
+                    "create them (pass --create-topic PARTITIONS)",
+                )
+            parts += [KafkaTP(name, p) for p in range(count)]
         self._callbacks = (on_assign, on_revoke, on_lost)
         self._lease_key = f"{self.group}.{topic}"
-        parts = [KafkaTP(topic, p) for p in range(count)]
         self._loop.call_soon_threadsafe(self._track, self._hold_lease(parts))
 
     def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Any]:

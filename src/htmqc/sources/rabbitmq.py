@@ -73,9 +73,11 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from confluent_kafka import TopicPartition as KafkaTP
 
+from htmqc.dlq.record import retry_topic
 from htmqc.errors import RuntimeFailure, UsageError
 from htmqc.sources.pumped import (
     CALL_TIMEOUT,
+    RETRY_SUFFIX,
     TP,
     Deliveries,
     LogMessage,
@@ -612,6 +614,13 @@ class RabbitStreamClient:
         for p in range(partitions):
             self.create_stream(stream_name(topic, p), **arguments)
 
+    def create_retry_topic(self, topic: str) -> str:
+        """Create ``topic``'s retry topic ``TOPIC.retry`` (``--retry-topic``): one
+        partition, like Kafka's, the stream ``TOPIC.retry-0`` (kept if it exists); its name."""
+        check_name("topic", topic)
+        self.create_stream(stream_name(retry_topic(topic), 0))
+        return retry_topic(topic)
+
     def watermarks(self, topic: str, partition: int) -> tuple[int, int]:
         """``(low, high)`` of a partition (:func:`watermarks`)."""
         return self.call(watermarks(self.consumer, stream_name(topic, partition)))
@@ -686,9 +695,10 @@ produce = NumberedProducer(RabbitStreamClient, _publish_numbered)
 
 
 class RabbitStreamProducer(Deliveries):
-    """The dead-letter producer of a RabbitMQ source (:class:`~htmqc.ports.ProducerPort`):
-    ``produce(TOPIC.dlq, ...)`` publishes to the stream ``TOPIC.dlq`` (or
-    ``TOPIC.dlq.poison``), created on first use; ``flush`` waits for the confirms."""
+    """The dead-letter and retry producer of a RabbitMQ source
+    (:class:`~htmqc.ports.ProducerPort`): ``produce(TOPIC.dlq, ...)`` publishes to the
+    stream ``TOPIC.dlq`` (or ``TOPIC.dlq.poison``), created on first use;
+    ``produce(TOPIC.retry, ...)`` to ``TOPIC.retry-0``; ``flush`` waits for the confirms."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
         super().__init__()
@@ -696,9 +706,12 @@ class RabbitStreamProducer(Deliveries):
         self._known: set[str] = set()
 
     def produce(self, topic: str, *args: Any, **kwargs: Any) -> None:
-        """Publish ``value`` (``key``, ``headers``) to the stream ``topic``;
-        ``on_delivery(err, None)`` once confirmed."""
-        if topic not in self._known:
+        """Publish ``value`` (``key``, ``headers``) to the stream ``topic`` (a retry
+        topic: its one partition's stream, made at start); ``on_delivery(err, None)``
+        once confirmed."""
+        if topic.endswith(RETRY_SUFFIX):
+            topic = stream_name(topic, 0)
+        elif topic not in self._known:
             self.client.create_stream(topic)
             self._known.add(topic)
         value = kwargs.get("value", args[0] if args else None)
