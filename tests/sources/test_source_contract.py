@@ -133,8 +133,8 @@ def test_exactly_once_through_repeated_consumer_kills(
 
 
 def drop_lease(source: Source, group: str, topic: str) -> None:
-    """Make the broker let go of a frozen member's lease now. A Pulsar broker keeps
-    a silent client's subscription for about a minute (its keepalive), so the lease
+    """Make the broker let go of a frozen member's lease now. A Pulsar broker drops
+    a silent client's subscription only once its keepalive gives up, so the lease
     topic is unloaded, as Pulsar's load balancer does; RabbitMQ's lease goes after two
     missed heartbeats (10 s) and NATS's key expires (10 s) by themselves."""
     if source.name == "pulsar":
@@ -262,13 +262,20 @@ MISSING_STREAM = {
 }  # fmt: skip
 
 
-def test_subscribe_refuses_a_missing_topic_and_a_second_topic(source: Source) -> None:
+def test_subscribe_refuses_a_missing_topic_and_a_second_topic(
+    source: Source, topic_name: Callable[[], str]
+) -> None:
     consumer = source.consumer("g")
+    topic = topic_name()
+    source.produce(topic, 1, 1)
     try:
         with pytest.raises(UsageError, match=f"has no streams {MISSING_STREAM[source.name]}"):
             consumer.subscribe(["nope"])
         with pytest.raises(UsageError, match="consumes one topic"):
-            consumer.subscribe(["a", "a_retry"])  # a --retry-topic
+            consumer.subscribe(["a", "a_retry"])  # not a's retry topic
+        with pytest.raises(UsageError, match=f"topic '{topic}.retry' has no streams") as info:
+            consumer.subscribe([topic, f"{topic}.retry"])  # not made yet
+        assert "run with --retry-topic: it makes them" in info.value.line()
     finally:
         consumer.close()
 

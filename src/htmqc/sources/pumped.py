@@ -310,7 +310,8 @@ class PumpedConsumer:
                 raise UsageError(
                     f"topic {name!r} has no streams {self._stream(name, 0)}, ... on "
                     f"{self.SOURCE}",
-                    "create them (pass --create-topic PARTITIONS)",
+                    "run with --retry-topic: it makes them" if name != topic
+                    else "create them (pass --create-topic PARTITIONS)",
                 )
             parts += [KafkaTP(name, p) for p in range(count)]
         self._callbacks = (on_assign, on_revoke, on_lost)
