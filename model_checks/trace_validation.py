@@ -50,7 +50,9 @@ Two checks:
    Lines of one batch (consecutive, same partition, event and recorded state)
    are applied one offset at a time and compared once, after the last.
    Cost: amortised O(1) per line plus O(in-flight window) per batch (finished
-   offsets below the watermark are dropped from the model as it goes).
+   offsets below the watermark are dropped from the model as it goes). The
+   file is read as it is replayed: memory holds one batch and the model, never
+   the whole trace (a 218 MB chaos trace once took 1.6 GB read whole).
 
 2. **TLC** (small traces: at most :data:`TLC_MAX_LINES` lines and offsets
    below :data:`TLC_MAX_OFFSETS`; or forced with ``tlc=True``). The trace is
@@ -93,7 +95,7 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import count
 from pathlib import Path
@@ -244,21 +246,81 @@ class _OldFormat(ValueError):
     """A line written before the trace recorded ``requested`` and the rest."""
 
 
+_Chunk = bytes | str | Mapping[str, Any]
+
+
+class _Reader:
+    """Parses trace lines one at a time (:meth:`lines`), so that a trace is
+    validated in memory bounded by its largest batch, not its length. After
+    the iteration, ``truncated`` and ``problem`` are what :func:`read_trace`
+    returns beside the lines."""
+
+    def __init__(self, name: str, *, cut_short_tail: bool) -> None:
+        self.name = name
+        self.cut_short_tail = cut_short_tail
+        self.truncated = False
+        self.problem: Violation | None = None
+        self._offsets = _OffsetCache()
+
+    def lines(self, chunks: Iterable[tuple[_Chunk, bool]]) -> Iterator[Line]:
+        """Each chunk with ``last``: true for a file's final piece when it has no
+        newline (a write a kill cut short); stops at the first malformed line.
+
+        :raises UsageError: a line is in the old format.
+        """
+        for number, (chunk, last) in enumerate(chunks, start=1):
+            if isinstance(chunk, bytes | str) and not chunk.strip():
+                continue
+            try:
+                yield _parse(number, chunk, self._offsets)
+            except _OldFormat as exc:
+                raise UsageError(
+                    f"trace {self.name} line {number} is in the old format ({exc})",
+                    "record the trace again with this version of htmqc (--trace)",
+                ) from None
+            except ValueError as exc:
+                if self.cut_short_tail and last:
+                    self.truncated = True
+                else:
+                    self.problem = Violation(number, "?", "?", f"malformed line: {exc}", "format")
+                return
+
+
+def _file_chunks(path: str | Path) -> Iterator[tuple[bytes, bool]]:
+    """A trace file's lines, read as they are needed; ``last`` marks a final
+    line without its newline.
+
+    :raises UsageError: the file cannot be opened.
+    """
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed by the generator
+    except OSError as exc:
+        raise UsageError(
+            f"cannot read trace {path}: {exc.strerror or exc}", "pass the file --trace wrote"
+        ) from None
+    with f:
+        for raw in f:
+            yield raw, not raw.endswith(b"\n")
+
+
+def _memory_chunks(chunks: Iterable[_Chunk]) -> Iterator[tuple[_Chunk, bool]]:
+    items = list(chunks)
+    for k, chunk in enumerate(items, start=1):
+        yield chunk, k == len(items)
+
+
 def read_trace(path: str | Path) -> tuple[list[Line], bool, Violation | None]:
-    """``(lines, truncated_tail, format_problem)`` of a trace file.
+    """``(lines, truncated_tail, format_problem)`` of a trace file, all in memory
+    (:func:`validate_trace` streams instead).
 
     Reading stops at the first malformed line, which becomes ``format_problem``
     (unless it is the last line and has no newline: a write cut short, ignored).
 
     :raises UsageError: the file cannot be read, or it is in the old format.
     """
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as exc:
-        raise UsageError(
-            f"cannot read trace {path}: {exc.strerror or exc}", "pass the file --trace wrote"
-        ) from None
-    return parse_lines(raw.split(b"\n"), name=str(path), cut_short_tail=True)
+    reader = _Reader(str(path), cut_short_tail=True)
+    lines = list(reader.lines(_file_chunks(path)))
+    return lines, reader.truncated, reader.problem
 
 
 def parse_lines(
@@ -272,25 +334,9 @@ def parse_lines(
 
     :raises UsageError: the lines are in the old format.
     """
-    items = list(chunks)
-    truncated = False
-    lines: list[Line] = []
-    for number, chunk in enumerate(items, start=1):
-        if isinstance(chunk, bytes | str) and not chunk.strip():
-            continue
-        try:
-            lines.append(_parse(number, chunk))
-        except _OldFormat as exc:
-            raise UsageError(
-                f"trace {name} line {number} is in the old format ({exc})",
-                "record the trace again with this version of htmqc (--trace)",
-            ) from None
-        except ValueError as exc:
-            if cut_short_tail and number == len(items):  # no newline: cut short by a kill
-                truncated = True
-                break
-            return lines, truncated, Violation(number, "?", "?", f"malformed line: {exc}", "format")
-    return lines, truncated, None
+    reader = _Reader(name, cut_short_tail=cut_short_tail)
+    lines = list(reader.lines(_memory_chunks(chunks)))
+    return lines, reader.truncated, reader.problem
 
 
 def _int(value: Any, what: str) -> int:
@@ -300,12 +346,47 @@ def _int(value: Any, what: str) -> int:
 
 
 def _offsets(value: Any, what: str) -> tuple[int, ...]:
+    """An offset list as written (:func:`htmqc.runtime.trace.compact_offsets`):
+    offsets and ``[first, last]`` runs (``first < last``), expanded in the order
+    written. Order and repeats are kept for the checks downstream; traces from
+    before the runs (plain offsets only) read the same."""
     if not isinstance(value, list):
         raise ValueError(f"{what} is not a list")
-    return tuple(_int(o, what) for o in value)
+    out: list[int] = []
+    for item in value:
+        if isinstance(item, list):
+            if len(item) != 2:
+                raise ValueError(f"{what} holds {item!r}, not an offset or [first, last]")
+            first, last = _int(item[0], what), _int(item[1], what)
+            if first >= last:
+                raise ValueError(f"{what} holds the run {item!r}: its first is not below its last")
+            out.extend(range(first, last + 1))
+        else:
+            out.append(_int(item, what))
+    return tuple(out)
 
 
-def _parse(number: int, chunk: bytes | str | Mapping[str, Any]) -> Line:
+class _OffsetCache:
+    """The last offset list read for each key, reused when a line repeats it
+    (every line of a batch carries the same state): a batch then holds one
+    copy of its ``finished_above``, not one per line."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, tuple[Any, tuple[int, ...]]] = {}
+
+    def get(self, key: str, value: Any, what: str) -> tuple[int, ...]:
+        held = self._last.get(key)
+        if held is not None and held[0] == value:
+            return held[1]
+        offsets = _offsets(value, what)
+        self._last[key] = (value, offsets)
+        return offsets
+
+
+def _parse(
+    number: int, chunk: bytes | str | Mapping[str, Any], cache: _OffsetCache | None = None
+) -> Line:
+    cache = cache or _OffsetCache()
     if isinstance(chunk, Mapping):
         data: Any = chunk
     else:
@@ -340,9 +421,9 @@ def _parse(number: int, chunk: bytes | str | Mapping[str, Any]) -> Line:
             "requested": _int(raw_state["requested"], "requested"),
             "unsent": raw_state["unsent"],
             "epoch": _int(raw_state["epoch"], "epoch"),
-            "finished": _offsets(raw_state["finished_above"], '"finished_above"'),
+            "finished": cache.get("finished", raw_state["finished_above"], '"finished_above"'),
         }
-    above = _offsets(data.get("above", []), '"above"')
+    above = cache.get("above", data.get("above", []), '"above"')
     fence = data.get("fence")
     if fence is not None:
         fields["fence"] = _int(fence, '"fence"')
@@ -351,27 +432,36 @@ def _parse(number: int, chunk: bytes | str | Mapping[str, Any]) -> Line:
     return Line(number, p, ev, off, state, above, **fields)  # type: ignore[arg-type]
 
 
-def batches(lines: Sequence[Line]) -> list[list[Line]]:
+def batches(lines: Iterable[Line]) -> list[list[Line]]:
     """Consecutive lines of one partition, event and recorded state: one batch
     (the runtime writes a batch event as one line per offset, each with the
     state after the whole batch). ``assign``, ``revoked``, ``crashed``,
     ``commit_*`` lines stand alone."""
-    out: list[list[Line]] = []
+    return list(iter_batches(lines))
+
+
+def iter_batches(lines: Iterable[Line]) -> Iterator[list[Line]]:
+    """:func:`batches`, one at a time: each is yielded once the line after it
+    (or the end) shows it complete."""
     alone = (
         "assign", "revoked", "crashed", "commit_requested", "commit_acked", "commit_failed",
         "revoking",
     )
+    current: list[Line] = []
     for line in lines:
-        last = out[-1][-1] if out else None
+        last = current[-1] if current else None
         if (
             last is not None
             and line.ev not in alone
             and (last.p, last.ev, last.recorded) == (line.p, line.ev, line.recorded)
         ):
-            out[-1].append(line)
+            current.append(line)
         else:
-            out.append([line])
-    return out
+            if current:
+                yield current
+            current = [line]
+    if current:
+        yield current
 
 
 def fetched_offsets(offsets: list[int], end: int) -> list[int]:
@@ -594,17 +684,21 @@ def _prune(part: RefPartition, processed: int) -> None:
         part.failures.pop(o, None)
 
 
-def replay_reference(lines: Sequence[Line]) -> tuple[Violation | None, int, int]:
+def replay_reference(lines: Iterable[Line]) -> tuple[Violation | None, int, int]:
     """Replay ``lines`` through the reference model: ``(first violation or None,
-    batches, assignments)``."""
+    batches, assignments)``. Reads ``lines`` once, to the end (the batches are
+    all counted); the replay stops at the first violation."""
     replay = _Replay()
-    groups = batches(lines)
-    for batch in groups:
-        try:
-            replay.batch(batch)
-        except _Reject as exc:
-            return exc.violation, len(groups), replay.assignments
-    return None, len(groups), replay.assignments
+    violation: Violation | None = None
+    n = 0
+    for batch in iter_batches(lines):
+        n += 1
+        if violation is None:
+            try:
+                replay.batch(batch)
+            except _Reject as exc:
+                violation = exc.violation
+    return violation, n, replay.assignments
 
 
 # -- 2. TLC ---------------------------------------------------------------------------------
@@ -843,8 +937,8 @@ def validate_trace(
     :raises RuntimeFailure: TLC was asked for and could not run.
     """
     _check_mode(mode)
-    lines, truncated, problem = read_trace(path)
-    return _validate(str(path), lines, truncated, problem, tlc, mode)
+    reader = _Reader(str(path), cut_short_tail=True)
+    return _validate(str(path), reader, reader.lines(_file_chunks(path)), tlc, mode)
 
 
 def validate_lines(
@@ -863,8 +957,8 @@ def validate_lines(
     :raises RuntimeFailure: TLC was asked for and could not run.
     """
     _check_mode(mode)
-    parsed, truncated, problem = parse_lines(lines, name=name)
-    return _validate(name, parsed, truncated, problem, tlc, mode)
+    reader = _Reader(name, cut_short_tail=False)
+    return _validate(name, reader, reader.lines(_memory_chunks(lines)), tlc, mode)
 
 
 def _check_mode(mode: str) -> None:
@@ -872,31 +966,50 @@ def _check_mode(mode: str) -> None:
         raise UsageError(f"unknown mode {mode!r}", f"use one of {', '.join(_MODES)}")
 
 
+class _Tally:
+    """Counts the lines passing through it, their partitions, and keeps the
+    first ones for TLC (all of them when ``keep_all``)."""
+
+    def __init__(self, keep_all: bool) -> None:
+        self.count = 0
+        self.partitions: set[str] = set()
+        self.kept: list[Line] = []
+        self._keep_all = keep_all
+
+    def through(self, lines: Iterable[Line]) -> Iterator[Line]:
+        for line in lines:
+            self.count += 1
+            self.partitions.add(line.p)
+            if self._keep_all or self.count <= TLC_MAX_LINES + 1:
+                self.kept.append(line)
+            yield line
+
+
 def _validate(
-    name: str,
-    lines: list[Line],
-    truncated: bool,
-    problem: Violation | None,
-    tlc: bool | None,
-    mode: str,
+    name: str, reader: _Reader, lines: Iterable[Line], tlc: bool | None, mode: str
 ) -> TraceReport:
-    violation, n_batches, epochs = replay_reference(lines)
+    """Replay the lines as they are read; TLC on the kept ones when asked or
+    when the whole trace is small (:func:`tlc_fits`)."""
+    tally = _Tally(keep_all=tlc is True)
+    violation, n_batches, epochs = replay_reference(tally.through(lines))
     report = TraceReport(
         path=name,
-        lines=len(lines),
+        lines=tally.count,
         batches=n_batches,
-        partitions=sorted({x.p for x in lines}),
+        partitions=sorted(tally.partitions),
         epochs=epochs,
-        truncated_tail=truncated,
+        truncated_tail=reader.truncated,
     )
+    problem = reader.problem
     if problem is not None:
         report.violations.append(problem)
     elif violation is not None:
         report.violations.append(violation)
-    if problem is None and lines and (tlc or (tlc is None and tlc_fits(lines))):
-        report.tlc = check_with_tlc(lines, mode)
+    kept = tally.kept
+    if problem is None and kept and (tlc or (tlc is None and tlc_fits(kept))):
+        report.tlc = check_with_tlc(kept, mode)
         if not report.tlc.accepted and not report.violations:
-            report.violations.append(_tlc_violation(lines, report.tlc))
+            report.violations.append(_tlc_violation(kept, report.tlc))
     return report
 
 

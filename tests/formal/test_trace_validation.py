@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from htmqc.core import Event, FailureKind, HandOff, PartitionTracker, Retryable, RetryPolicy
 from htmqc.core.failures import RetryTopic
 from htmqc.runtime import Engine, RunOptions
-from htmqc.runtime.trace import TracingCore
+from htmqc.runtime.trace import TracingCore, compact_offsets
 from htmqc.sinks import open_sink
 from model_checks import trace_validation as tv
 from tests.runtime.fakes import FakeConsumer, make_logs
@@ -446,6 +448,77 @@ def test_a_trace_cut_between_writes_is_whole_batches_and_valid() -> None:
         assert report.ok, (cut, report.summary())
 
 
+def stalled_trace(n: int) -> list[str]:
+    """Offset 0 held while offsets 1..n-1 finish one at a time, then 0: every
+    line from the second success on has the whole stalled run finished above."""
+    out = io.StringIO()
+    core = TracingCore(out)
+    tp = ("t", 0)
+    epoch = core.assign(tp, 0)
+    core.fetched(tp, epoch, list(range(n)))
+    core.started_many(tp, epoch, list(range(n)))
+    for o in range(1, n):
+        core.succeeded(tp, epoch, o)
+    core.succeeded(tp, epoch, 0)
+    assert core.commit_requested(tp) is not None
+    return out.getvalue().splitlines()
+
+
+def test_a_long_stall_keeps_every_line_short() -> None:
+    """The finished run above a held offset is written as one [first, last]
+    pair: a line's size does not grow with the stall (in full, this trace is
+    about 9 KB a line and 27 MB)."""
+    lines = stalled_trace(3000)
+    assert json.loads(lines[-3])["state"]["finished_above"] == [[1, 2999]]
+    assert max(len(x) for x in lines) < 300
+    assert tv.validate_lines(lines, mode="exactly-once").ok
+
+
+def expanded(line: str) -> str:
+    """A trace line with its offset runs written out one by one (the older form)."""
+    data = json.loads(line)
+    for holder, key in ((data, "above"), (data["state"], "finished_above")):
+        if key in holder:
+            holder[key] = list(tv._offsets(holder[key], key))
+    return json.dumps(data)
+
+
+def test_a_long_trace_is_validated_in_memory_bounded_by_a_batch(tmp_path: Path) -> None:
+    """validate_trace reads as it replays: a 7 MB trace in the older, expanded
+    form (still read) peaked at 1.4 MB here; holding all its lines, 33 MB."""
+    import tracemalloc
+
+    path = tmp_path / "stall.jsonl"
+    path.write_text("".join(expanded(x) + "\n" for x in stalled_trace(1500)))
+    assert path.stat().st_size > 6_000_000
+    tracemalloc.start()
+    try:
+        report = tv.validate_trace(path, tlc=False, mode="exactly-once")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert report.ok and report.lines == 1 + 1500 + 1500 + 1500 + 1, report.summary()
+    assert peak < 12 * 2**20, peak
+
+
+@given(st.sets(st.integers(min_value=0, max_value=200)))
+def test_compact_offsets_read_back_as_written(offsets: set[int]) -> None:
+    written = compact_offsets(sorted(offsets))
+    assert tv._offsets(written, "x") == tuple(sorted(offsets))
+    runs = [x for x in written if isinstance(x, list)]
+    assert all(a < b for a, b in runs)
+    assert len(written) == sum(1 for o in offsets if o - 1 not in offsets)
+
+
+@pytest.mark.parametrize("bad", [[[3, 3]], [[5, 2]], [[1, 2, 3]], [[-1, 2]], [["a", 2]]])
+def test_a_malformed_run_is_a_format_violation(bad: list[Any]) -> None:
+    lines = stalled_trace(3)
+    data = json.loads(lines[0])
+    data["above"] = bad
+    report = tv.validate_lines([json.dumps(data), *lines[1:]])
+    assert not report.ok and report.violations[0].check == "format", report.summary()
+
+
 def test_lines_in_memory_from_a_mutated_core_are_rejected(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -562,7 +635,7 @@ def test_crash_and_restore_accepted_by_reference() -> None:
 
 def test_restart_with_held_offsets(tmp_path: Path) -> None:
     first, second = restart_traces(tmp_path)
-    assert second[0]["above"] == [2, 3, 4, 5] and second[0]["fence"] > first[0]["fence"]
+    assert second[0]["above"] == [[2, 5]] and second[0]["fence"] > first[0]["fence"]
     for lines in (first, second):
         report = tv.validate_lines(lines, mode="exactly-once")
         assert report.ok, report.summary()
