@@ -298,6 +298,22 @@ def pytest_runtest_makereport(
     return report
 
 
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A throwaway CA with a server and a client certificate (tests/security/certs.py)."""
+    from tests.security.certs import make_pki
+
+    return make_pki(tmp_path_factory.mktemp("pki"), "good")
+
+
+@pytest.fixture(scope="module")
+def other_pki(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Another CA, which signed nothing that :func:`pki`'s server presents or accepts."""
+    from tests.security.certs import make_pki
+
+    return make_pki(tmp_path_factory.mktemp("pki-other"), "other")
+
+
 @pytest.fixture
 def broker_kind(request: pytest.FixtureRequest) -> str:
     """The kind of broker this test instance runs on (see the module docs)."""

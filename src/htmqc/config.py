@@ -84,9 +84,14 @@ def redacted(config: Mapping[str, Any]) -> dict[str, Any]:
     return {k: ("***" if is_secret(k) else v) for k, v in config.items()}
 
 
+#: Schemes whose userinfo without a ``:`` is a token, not a user name (NATS).
+_TOKEN_SCHEMES = frozenset({"nats", "tls", "ws", "wss"})
+
+
 def url_passwords(url: str) -> list[str]:
-    """The passwords a URL carries: ``user:PASSWORD@`` and ``password=`` /
-    ``sslpassword=`` parameters, each raw and percent-decoded. Never raises."""
+    """The passwords a URL carries: ``user:PASSWORD@``, a NATS URL's ``TOKEN@``
+    and ``password=`` / ``sslpassword=`` parameters, each raw and
+    percent-decoded. Never raises."""
     found: list[str] = []
     try:
         parts = urlsplit(url)
@@ -98,12 +103,14 @@ def url_passwords(url: str) -> list[str]:
     except ValueError:
         pass
     # userinfo by hand as well: urlsplit gives up on some malformed URLs.
-    _scheme, sep, rest = url.partition("://")
+    scheme, sep, rest = url.partition("://")
     if sep:
         userinfo = rest.split("/", 1)[0].rpartition("@")[0]
         if ":" in userinfo:
             password = userinfo.split(":", 1)[1]
             found += [password, unquote(password)]
+        elif userinfo and scheme.lower() in _TOKEN_SCHEMES:  # NATS: TOKEN@HOST
+            found += [userinfo, unquote(userinfo)]
     return [p for p in dict.fromkeys(found) if p]
 
 

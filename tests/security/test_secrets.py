@@ -311,6 +311,9 @@ def test_resolve_remembers_every_source(tmp_path: Path) -> None:
         ("postgresql://u:pw12@[bad/db", ["pw12"]),
         ("sqlite:///x.db", []),
         ("kafka:topic", []),
+        ("tls://s3cr%2Ftoken@h:4222?ca=/c.pem", ["s3cr%2Ftoken", "s3cr/token"]),
+        ("nats://alice:pw-nats@h:4222", ["pw-nats"]),
+        ("postgresql://alice@h/db", []),
     ],
 )
 def test_url_passwords(url: str, expected: list[str]) -> None:

@@ -28,20 +28,11 @@ from htmqc import broker as broker_mod
 from htmqc.broker import Broker, TlsTerminator, start_broker, tls_context
 from htmqc.errors import UsageError
 
-from .certs import Pki, make_pki
+from .certs import Pki
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'src'}")
 
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki"), "good")
-
-
-@pytest.fixture(scope="module")
-def other_pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki-other"), "other")
 
 
 @pytest.fixture(scope="module")

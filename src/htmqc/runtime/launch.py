@@ -348,7 +348,7 @@ def check_stream_options(options: RunOptions) -> None:
     adapter.check_name("topic", options.topic)
     adapter.check_name("group", options.group)
     if source == NATS:
-        adapter.servers_of(options.bootstrap)
+        adapter.address_of(options.bootstrap)
     else:
         adapter.endpoint_of(options.bootstrap)
     if options.mode == EXACTLY_ONCE and not options.sink:

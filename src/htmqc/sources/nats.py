@@ -83,13 +83,16 @@ import json
 import logging
 import os
 import socket
+import ssl
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 from confluent_kafka import TopicPartition as KafkaTP
 
@@ -113,6 +116,7 @@ from htmqc.sources.pumped import (
 )
 from htmqc.sources.pumped import OFFSET_INVALID as OFFSET_INVALID
 from htmqc.sources.pumped import stream_name as partition_stream
+from htmqc.sources.tls import TLS_PARAMS, client_context, query_of
 
 log = logging.getLogger("htmqc.nats")
 
@@ -166,26 +170,71 @@ def check_name(what: str, name: str) -> None:
     check_plain(what, name, WHAT_NAMES)
 
 
-def servers_of(bootstrap: str) -> list[str]:
-    """``--bootstrap`` as nats-py server URLs (``nats://`` added when missing).
+#: What ``--bootstrap`` may carry beside the servers (:mod:`htmqc.sources.tls`;
+#: ``creds``: a NATS ``.creds`` file, a user JWT and its NKey seed).
+QUERY_PARAMS = (*TLS_PARAMS, "creds")
+_HINT = "pass nats://HOST:PORT (tls://... for TLS)"
 
-    :raises UsageError: empty, or a scheme other than ``nats``, ``tls``, ``ws``, ``wss``.
+
+@dataclass(frozen=True)
+class NatsAddress:
+    """``--bootstrap`` for nats-py: the server URLs (userinfo kept: nats-py reads
+    ``user:password@`` and ``token@`` from them; query removed) and the
+    keyword arguments of ``nats.connect`` for TLS and a ``.creds`` file."""
+
+    servers: tuple[str, ...]
+    options: Mapping[str, Any]
+
+    @property
+    def credentials(self) -> bool:
+        """Whether the address carries credentials (userinfo or a creds file)."""
+        return "user_credentials" in self.options or any(
+            "@" in urlsplit(s).netloc for s in self.servers
+        )
+
+
+def address_of(bootstrap: str) -> NatsAddress:
+    """``--bootstrap`` (comma-separated URLs; ``nats://`` added when no scheme is
+    given) as a :class:`NatsAddress`. TLS is on when a URL is ``tls://`` or names
+    ``ca``, ``cert`` or ``key``; the server's certificate is then always verified.
+
+    :raises UsageError: empty, a scheme other than ``nats``, ``tls``, ``ws``,
+        ``wss``, an unknown query parameter, or a TLS file that cannot be read.
     """
-    out = []
+    servers: list[str] = []
+    params: dict[str, str] = {}
+    tls = False
     for part in (p.strip() for p in bootstrap.split(",")):
         if not part:
             continue
         scheme, sep, _rest = part.partition("://")
         if not sep:
-            part = f"nats://{part}"
+            part, scheme = f"nats://{part}", "nats"
         elif scheme not in {"nats", "tls", "ws", "wss"}:
+            raise UsageError(f"--bootstrap {part!r} is not a NATS URL", _HINT)
+        url = urlsplit(part)
+        for key, value in query_of(url.query, QUERY_PARAMS, part).items():
+            if params.setdefault(key, value) != value:
+                raise UsageError(
+                    f"--bootstrap gives {key!r} twice ({params[key]!r} and {value!r})",
+                    f"give {key} once",
+                )
+        tls = tls or scheme in {"tls", "wss"}
+        servers.append(urlunsplit(url._replace(query="")))
+    if not servers:
+        raise UsageError("--bootstrap is empty", _HINT)
+    options: dict[str, Any] = {}
+    if tls or any(k in params for k in TLS_PARAMS):
+        options["tls"] = client_context(params)
+        servers = [s.replace("nats://", "tls://", 1) for s in servers]
+    if "creds" in params:
+        if not os.path.isfile(params["creds"]):
             raise UsageError(
-                f"--bootstrap {part!r} is not a NATS URL", "pass nats://HOST:PORT"
+                f"cannot read the NATS credentials file {params['creds']}",
+                "pass creds= the .creds file of the NATS user",
             )
-        out.append(part)
-    if not out:
-        raise UsageError("--bootstrap is empty", "pass nats://HOST:PORT")
-    return out
+        options["user_credentials"] = params["creds"]
+    return NatsAddress(tuple(servers), options)
 
 
 # -- messages -------------------------------------------------------------------------------
@@ -280,7 +329,7 @@ class NatsConsumer(PumpedConsumer):
         self.member = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         #: The lease's revision while held.
         self._lease_revision: int | None = None
-        self.servers = servers_of(bootstrap)
+        self.address = address_of(bootstrap)
         self._kv: Any = None
         try:
             self._nc: Any = self._call(self._connect(connect_seconds), connect_seconds + 5)
@@ -301,7 +350,7 @@ class NatsConsumer(PumpedConsumer):
     async def _connect(self, seconds: float) -> Any:
         self._commit_lock = asyncio.Lock()
         return await connect(
-            self.servers, seconds, disconnected_cb=self._disconnected, reconnected_cb=_reconnected
+            self.address, seconds, disconnected_cb=self._disconnected, reconnected_cb=_reconnected
         )
 
     # -- topics -------------------------------------------------------------------------------
@@ -588,44 +637,115 @@ def _request_ended(headers: dict[str, str]) -> bool:
     raise RuntimeError(f"pull request answered {code} {description}".strip())
 
 
-async def connect(servers: list[str], seconds: float, **callbacks: Any) -> Any:
-    """A nats-py connection to ``servers``, tried for ``seconds`` at most; once up
+async def connect(address: NatsAddress, seconds: float, **callbacks: Any) -> Any:
+    """A nats-py connection to ``address``, tried for ``seconds`` at most; once up
     it reconnects for ever (nats-py's own reconnect loop). ``callbacks``: nats-py's
     ``disconnected_cb`` and the like.
 
-    :raises RuntimeFailure: no server answered in time.
+    :raises RuntimeFailure: no server answered in time, or one refused the
+        credentials or the TLS handshake (at once: trying again cannot help).
     """
     import nats
 
     deadline = time.monotonic() + seconds
-    last = "timed out"
+    where = ", ".join(_without_userinfo(s) for s in address.servers)
     while True:
         left = deadline - time.monotonic()
-        try:
-            # Bounded: nats-py's first connect retries as long as its reconnects do.
-            nc = await asyncio.wait_for(
-                nats.connect(
-                    servers=servers,
-                    connect_timeout=max(0.2, min(2.0, left)),
-                    allow_reconnect=True,
-                    max_reconnect_attempts=1,
-                    reconnect_time_wait=0.2,
-                    error_cb=_quiet,
-                    **callbacks,
-                ),
-                max(1.0, left + 1.0),
+        # A refusal reaches nats-py's error_cb while its connect goes on retrying:
+        # it ends the wait at once (another try cannot cure it).
+        refusal = asyncio.get_running_loop().create_future()
+
+        async def error(exc: Exception, refusal: asyncio.Future[str] = refusal) -> None:
+            reason = _refusal(exc, address.credentials)
+            if reason and not refusal.done():  # once connected, no one reads it
+                refusal.set_result(reason)
+            await _quiet(exc)
+
+        # Bounded: nats-py's first connect retries as long as its reconnects do.
+        attempt = asyncio.ensure_future(
+            nats.connect(
+                servers=list(address.servers),
+                connect_timeout=max(0.2, min(2.0, left)),
+                allow_reconnect=True,
+                max_reconnect_attempts=1,
+                reconnect_time_wait=0.2,
+                error_cb=error,
+                **address.options,
+                **callbacks,
             )
+        )
+        await asyncio.wait({attempt, refusal}, timeout=max(1.0, left + 1.0),
+                           return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        if attempt.done() and not attempt.cancelled() and attempt.exception() is None:
+            nc = attempt.result()
             nc.options["max_reconnect_attempts"] = -1  # connected: reconnect for ever
             nc.options["reconnect_time_wait"] = 0.5
             return nc
-        except Exception as exc:
+        attempt.cancel()
+        last = "timed out"
+        if attempt.done() and not attempt.cancelled():
+            exc = attempt.exception()
+            assert exc is not None
             last = type(exc).__name__
+            reason = _refusal(exc, address.credentials)
+            if reason and not refusal.done():
+                refusal.set_result(reason)
+        if refusal.done():
+            reason = refusal.result()
+            raise RuntimeFailure(f"NATS at {where} {reason}", _REFUSAL_HINTS[reason])
         if time.monotonic() >= deadline:
             raise RuntimeFailure(
-                f"cannot reach NATS at {', '.join(servers)}: {last}",
+                f"cannot reach NATS at {where}: {last}",
                 "check --bootstrap and that nats-server runs with JetStream (-js)",
             )
         await asyncio.sleep(0.2)
+
+
+_REFUSAL_HINTS = {
+    "refused the credentials": "check the user:password@ or token@ in --bootstrap, or its creds=",
+    "asks for credentials": "put user:password@ or token@ in --bootstrap, or pass creds=FILE",
+    "presented a certificate this client does not trust": (
+        "pass ca= the PEM file of the authority that signed the server's certificate"
+    ),
+    "refused the TLS handshake": (
+        "check that the server speaks TLS (tls://) and, if it verifies clients, pass "
+        "cert= and key="
+    ),
+    "requires TLS": "use tls://HOST:PORT (and ca= for a private authority)",
+}
+
+
+def _refusal(exc: BaseException, credentials: bool) -> str:
+    """Why a server refused this client for good (a key of :data:`_REFUSAL_HINTS`),
+    or ``""`` for what another try may cure (nothing listening, a timeout)."""
+    text = str(exc).lower()
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return "presented a certificate this client does not trust"
+    if isinstance(exc, ssl.SSLError):
+        return "refused the TLS handshake"
+    if "authorization violation" in text or "authentication" in text:
+        return "refused the credentials" if credentials else "asks for credentials"
+    if "tls required" in text or "secure connection - tls required" in text:
+        return "requires TLS"
+    return ""
+
+
+def _without_userinfo(server: str) -> str:
+    """A server URL as shown in messages: its userinfo (a password or token) dropped."""
+    url = urlsplit(server)
+    return urlunsplit(url._replace(netloc=url.netloc.rpartition("@")[2]))
+
+
+class _NoEofNote(logging.Filter):
+    """asyncio's ``returning true from eof_received() has no effect when using
+    ssl``: logged each time a TLS server closes on nats-py (a refused client, a
+    server stopping); it says nothing to a user and would follow a one-line error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("returning true from eof_received()")
+
+
+logging.getLogger("asyncio").addFilter(_NoEofNote())
 
 
 async def _quiet(exc: Exception) -> None:
@@ -714,7 +834,7 @@ class NatsClient:
 
     def __init__(self, bootstrap: str, connect_seconds: float = 10.0) -> None:
 
-        servers = servers_of(bootstrap)
+        address = address_of(bootstrap)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="htmqc-nats-client", daemon=True
@@ -722,7 +842,7 @@ class NatsClient:
         self._thread.start()
 
         try:
-            self.nc: Any = self.call(connect(servers, connect_seconds), connect_seconds + 5)
+            self.nc: Any = self.call(connect(address, connect_seconds), connect_seconds + 5)
         except BaseException:
             stop_loop(self._loop, self._thread)
             raise

@@ -12,6 +12,11 @@ nothing is left running or on disk. A server that exits or does not get ready
 in time is stopped and reported as :class:`~htmqc.errors.RuntimeFailure` with
 the tail of its log.
 
+``extra`` adds server flags, e.g. TLS (``--tls --tlscert F --tlskey F``, with
+``--tlsverify --tlscacert F`` for client certificates) or credentials (``--user
+U --pass P``, ``--auth TOKEN``); a server that then needs more than a plain
+client can give is waited for by its log's ``Server is ready`` line instead.
+
 Nothing here installs anything: ``make setup`` (``tools/provision.py``) installs
 Debian's ``nats-server``; :func:`nats_server_binary` finds it (``$NATS_SERVER``
 first, then ``PATH``, then ``/usr/sbin``).
@@ -26,6 +31,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -117,6 +123,12 @@ def _tail(path: Path, lines: int = 5) -> str:
     return "no log"
 
 
+def _ready_in_log(log: Path) -> bool:
+    with contextlib.suppress(OSError):
+        return b"Server is ready" in log.read_bytes()
+    return False
+
+
 def _jetstream_ready(port: int) -> bool:
     """One plain-protocol ``$JS.API.INFO`` request: True once JetStream answers."""
     try:
@@ -152,6 +164,7 @@ def start_nats(
     store: Path | None = None,
     binary: str | None = None,
     ready_seconds: float = READY_SECONDS,
+    extra: Sequence[str] = (),
 ) -> NatsServer:
     """Start ``nats-server`` with JetStream on 127.0.0.1 and wait until it is ready.
 
@@ -173,6 +186,7 @@ def start_nats(
     log = store / "nats-server.log"
     port = port or free_port()
     argv = [exe, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store), "-l", str(log)]
+    argv += extra
     proc = subprocess.Popen(
         argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -186,7 +200,7 @@ def start_nats(
                 f"nats-server exited at start (code {proc.returncode}): {tail}",
                 f"run `{' '.join(argv)}` by hand to see why",
             )
-        if _jetstream_ready(port):
+        if _ready_in_log(log) if extra else _jetstream_ready(port):
             return server
         time.sleep(0.05)
     tail = _tail(log)
