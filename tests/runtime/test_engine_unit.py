@@ -521,3 +521,48 @@ def test_a_busy_turn_waits_on_the_reports_while_fetching_is_held(tmp_path: Path)
     engine.ownership.set_hold(Hold.FLOW, False)
     engine.workers._outstanding = 0  # only retries wait: no report can come
     assert engine._wait_in_consume(0.1)
+
+
+class LateFirstFetch(FakeConsumer):
+    """A log whose first messages arrive ``delay`` s after the assignment (a remote
+    stream's first fetch)."""
+
+    delay = 0.5
+    assigned_at: float | None = None
+
+    def incremental_assign(self, partitions: list[Any]) -> None:
+        self.assigned_at = time.monotonic()
+        super().incremental_assign(partitions)
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list[Any]:
+        if self.assigned_at is None:
+            return super().consume(0, 0)  # the assignment's callbacks; nothing yet
+        if time.monotonic() - self.assigned_at < self.delay:
+            time.sleep(0.01)
+            return []
+        return super().consume(num_messages, timeout)
+
+
+def test_idle_exit_counts_from_the_end_of_a_slow_claim(tmp_path: Path) -> None:
+    """--idle-exit waits for quiet after the assignment is done: the idle clock
+    used to start before the claims, so a claim that took most of --idle-exit
+    (within CLAIM_WAIT, 1 s) left too little time for the first fetch, and the
+    run stopped having handled nothing (a RabbitMQ restart under load: 0 of the
+    3,500 messages left)."""
+    url = f"sqlite:///{tmp_path / 'eo.db'}"
+    sink = open_sink(url)
+    sink.open("g")
+    claim = sink.claim
+
+    def slow_claim(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.8)
+        return claim(*args, **kwargs)
+
+    sink.claim = slow_claim  # type: ignore[method-assign]
+    consumer = LateFirstFetch.from_logs(make_logs(TOPIC, 2, 20, 4))
+    opts = RunOptions(bootstrap="fake:1", topic=TOPIC, group="g", mode="exactly-once", sink=url,
+                      idle_exit=1.0)  # fmt: skip
+    engine = Engine(lambda m, txn: None, opts, consumer, sink=sink, seed=1)
+    consumer.on_commit = engine.on_commit
+    engine.run(install_signals=False)
+    assert engine.stats.finished == 40

@@ -1,7 +1,8 @@
 """What the tests of every non-Kafka source share: draining a consumer, assigning
 at given offsets, the sink's positions, and the checks that hold for each adapter
 (seek and pause, ordered commits, exactly-once across a SIGKILL, each run's trace
-valid against the reference model and the TLA+ spec)."""
+valid against the reference model and the TLA+ spec, a secured server's run and
+refusals)."""
 
 from __future__ import annotations
 
@@ -245,3 +246,74 @@ def check_exactly_once_through_kills(
             f"the last run's log ends:\n{last_log.read_text()[-3000:]}"
         )
     check_traces("exactly-once", *traces)
+
+
+# -- a secured server (TLS, credentials) -----------------------------------------------------
+
+
+def check_secured_run(
+    source: str,
+    bootstrap: str,
+    client: Any,
+    produce: Callable[..., Any],
+    topic: str,
+    tmp_path: Path,
+    *,
+    shown: str,
+    secret: str,
+    n: int = 300,
+) -> None:
+    """``htmqc run --source SOURCE`` at ``bootstrap`` handles and commits all ``n``
+    messages of a 2-partition ``topic``; its log shows ``shown`` (the address,
+    masked) and never ``secret``."""
+    produce(bootstrap, topic, n, partitions=2, client=client)
+    log, out = tmp_path / "run.log", tmp_path / "out.txt"
+    proc = htmqc_run(
+        bootstrap, topic, f"{HANDLERS}:log_order", "--source", source, "--group", "g",
+        "--idle-exit", "2", "--log-level", "DEBUG", log=log, env={"HTMQC_TEST_OUT": str(out)},
+    )  # fmt: skip
+    assert finish(proc, 90) == 0, log.read_text()[-2000:]
+    assert sum(client.committed("g", topic, p) or 0 for p in range(2)) == n
+    assert len(out.read_text().splitlines()) == n
+    text = log.read_text()
+    assert shown in text and secret not in text, text[:2000]
+
+
+def check_mutual_tls(client_of: Callable[[str], Any], url_with: Callable[[str], str], pki: Any,
+                     topic: str) -> None:  # fmt: skip
+    """A client of ``url_with(query)`` with ``pki``'s CA and client certificate
+    connects to a server that verifies clients, and makes and counts ``topic``."""
+    client = client_of(url_with(f"ca={pki.ca}&cert={pki.client_cert}&key={pki.client_key}"))
+    try:
+        client.create_topic(topic, 1)
+        assert client.partitions(topic) == 1
+    finally:
+        client.close()
+
+
+def check_refusal(connect: Callable[[], Any], said: str, hint: str, *secrets: str) -> None:
+    """``connect()`` (given a 20 s budget) is refused in under 5 s with one line
+    saying ``said`` and ``hint``, and none of ``secrets``."""
+    from htmqc.errors import RuntimeFailure
+
+    started = time.monotonic()
+    with pytest.raises(RuntimeFailure) as caught:
+        connect()
+    line = caught.value.line()
+    took = time.monotonic() - started
+    assert took < 5.0, (took, line)  # not the 20 s a server that is down gets
+    assert said in line and hint in line and "\n" not in line, line
+    assert not any(s in line for s in secrets), line
+
+
+def check_cli_refusal(source: str, bootstrap: str, said: str, secret: str, tmp_path: Path) -> None:
+    """``htmqc run`` at ``bootstrap`` ends non-zero with a last line that is the
+    one-line error saying ``said``; no traceback and no ``secret`` anywhere."""
+    log = tmp_path / "run.log"
+    proc = htmqc_run(bootstrap, "t", f"{HANDLERS}:log_order", "--source", source, "--group", "g",
+                     log=log)  # fmt: skip
+    assert finish(proc, 60) != 0
+    text = log.read_text()
+    last = text.strip().splitlines()[-1]
+    assert last.startswith("htmqc: error: ") and said in last, text
+    assert "Traceback" not in text and secret not in text, text

@@ -5,19 +5,22 @@ retry loop; the password never shows in what the run prints."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from htmqc.errors import RuntimeFailure, UsageError
+from htmqc.errors import UsageError
 from htmqc.sources.nats import NatsClient, address_of, produce
 from htmqc.sources.nats_server import NatsServer, start_nats
-from tests.runtime.test_run_broker import finish, htmqc_run
 from tests.security.certs import Pki
 from tests.services import require_module, require_nats_server
-from tests.sources.support import HANDLERS
+from tests.sources.support import (
+    check_cli_refusal,
+    check_mutual_tls,
+    check_refusal,
+    check_secured_run,
+)
 
 PASSWORD = "s3cret-nats-pw"
 
@@ -50,39 +53,22 @@ def url(server: NatsServer, query: str, userinfo: str = f"alice:{PASSWORD}@") ->
 def test_a_run_over_tls_with_a_password_handles_and_commits_everything(
     tls_server: NatsServer, pki: Pki, topic_name: Callable[[], str], tmp_path: Path
 ) -> None:
-    topic, n = topic_name(), 300
     bootstrap = url(tls_server, f"ca={pki.ca}")
     client = NatsClient(bootstrap)
     try:
-        produce(bootstrap, topic, n, partitions=2, client=client)
-        log, out = tmp_path / "run.log", tmp_path / "out.txt"
-        proc = htmqc_run(
-            bootstrap, topic, f"{HANDLERS}:log_order", "--source", "nats", "--group", "g",
-            "--idle-exit", "2", "--log-level", "DEBUG", log=log,
-            env={"HTMQC_TEST_OUT": str(out)},
+        check_secured_run(
+            "nats", bootstrap, client, produce, topic_name(), tmp_path,
+            shown=f"tls://alice:***@127.0.0.1:{tls_server.port}", secret=PASSWORD,
         )  # fmt: skip
-        assert finish(proc, 90) == 0, log.read_text()[-2000:]
-        assert sum(client.committed("g", topic, p) or 0 for p in range(2)) == n
     finally:
         client.close()
-    assert len(out.read_text().splitlines()) == n
-    text = log.read_text()
-    assert f"tls://alice:***@127.0.0.1:{tls_server.port}" in text  # shown, masked
-    assert PASSWORD not in text
 
 
 @pytest.mark.slow
 def test_mutual_tls_with_the_client_certificate_connects(
     mtls_server: NatsServer, pki: Pki, topic_name: Callable[[], str]
 ) -> None:
-    query = f"ca={pki.ca}&cert={pki.client_cert}&key={pki.client_key}"
-    client = NatsClient(url(mtls_server, query, userinfo=""))
-    try:
-        topic = topic_name()
-        client.create_topic(topic, 1)
-        assert client.partitions(topic) == 1
-    finally:
-        client.close()
+    check_mutual_tls(NatsClient, lambda q: url(mtls_server, q, userinfo=""), pki, topic_name())
 
 
 @pytest.mark.slow
@@ -111,13 +97,10 @@ def test_a_refusal_is_one_line_at_once(
     query = query.format(
         ca=pki.ca, other=other_pki.ca, ocert=other_pki.client_cert, okey=other_pki.client_key
     )
-    started = time.monotonic()
-    with pytest.raises(RuntimeFailure) as caught:
-        NatsClient(url(target, query, userinfo), connect_seconds=20.0).close()
-    assert time.monotonic() - started < 5.0  # not the 20 s a server that is down gets
-    line = caught.value.line()
-    assert said in line and hint in line and "\n" not in line, line
-    assert PASSWORD not in line and "wrong-pw" not in line
+    check_refusal(
+        lambda: NatsClient(url(target, query, userinfo), connect_seconds=20.0).close(),
+        said, hint, PASSWORD, "wrong-pw",
+    )  # fmt: skip
 
 
 @pytest.mark.slow
@@ -125,15 +108,7 @@ def test_the_cli_refuses_a_bad_password_in_one_line(
     tls_server: NatsServer, pki: Pki, tmp_path: Path
 ) -> None:
     bootstrap = url(tls_server, f"ca={pki.ca}", userinfo="alice:wrong-pw-123@")
-    log = tmp_path / "run.log"
-    proc = htmqc_run(bootstrap, "t", f"{HANDLERS}:log_order", "--source", "nats", "--group", "g",
-                     log=log)  # fmt: skip
-    assert finish(proc, 60) != 0
-    text = log.read_text()
-    last = text.strip().splitlines()[-1]
-    assert last.startswith("htmqc: error: NATS at tls://127.0.0.1:"), text
-    assert "refused the credentials" in last and "Traceback" not in text
-    assert "wrong-pw-123" not in text
+    check_cli_refusal("nats", bootstrap, "refused the credentials", "wrong-pw-123", tmp_path)
 
 
 @pytest.mark.parametrize(

@@ -367,6 +367,9 @@ class Ownership:
                 consumer.pause([KafkaTP(t, p) for t, p in pause])
             if resume:
                 consumer.resume([KafkaTP(t, p) for t, p in resume])
+            # --idle-exit's quiet starts now, not before the claims: a claim that took
+            # most of it would leave the first fetch too little time.
+            e.last_message = e.clock.monotonic()
 
     def _claims_start(self, tp: TopicPartition) -> int | None:
         """The start of ``tp`` if it is held by now, else ``None``."""

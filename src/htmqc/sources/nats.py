@@ -83,7 +83,6 @@ import json
 import logging
 import os
 import socket
-import ssl
 import threading
 import time
 import uuid
@@ -116,7 +115,13 @@ from htmqc.sources.pumped import (
 )
 from htmqc.sources.pumped import OFFSET_INVALID as OFFSET_INVALID
 from htmqc.sources.pumped import stream_name as partition_stream
-from htmqc.sources.tls import TLS_PARAMS, client_context, query_of
+from htmqc.sources.tls import (
+    TLS_PARAMS,
+    TLS_REFUSALS,
+    client_context,
+    query_of,
+    tls_refusal,
+)
 
 log = logging.getLogger("htmqc.nats")
 
@@ -704,14 +709,8 @@ async def connect(address: NatsAddress, seconds: float, **callbacks: Any) -> Any
 _REFUSAL_HINTS = {
     "refused the credentials": "check the user:password@ or token@ in --bootstrap, or its creds=",
     "asks for credentials": "put user:password@ or token@ in --bootstrap, or pass creds=FILE",
-    "presented a certificate this client does not trust": (
-        "pass ca= the PEM file of the authority that signed the server's certificate"
-    ),
-    "refused the TLS handshake": (
-        "check that the server speaks TLS (tls://) and, if it verifies clients, pass "
-        "cert= and key="
-    ),
     "requires TLS": "use tls://HOST:PORT (and ca= for a private authority)",
+    **TLS_REFUSALS,
 }
 
 
@@ -719,13 +718,11 @@ def _refusal(exc: BaseException, credentials: bool) -> str:
     """Why a server refused this client for good (a key of :data:`_REFUSAL_HINTS`),
     or ``""`` for what another try may cure (nothing listening, a timeout)."""
     text = str(exc).lower()
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return "presented a certificate this client does not trust"
-    if isinstance(exc, ssl.SSLError):
-        return "refused the TLS handshake"
+    if tls_refusal(exc):
+        return tls_refusal(exc)
     if "authorization violation" in text or "authentication" in text:
         return "refused the credentials" if credentials else "asks for credentials"
-    if "tls required" in text or "secure connection - tls required" in text:
+    if "tls required" in text:
         return "requires TLS"
     return ""
 

@@ -63,13 +63,14 @@ import asyncio
 import contextlib
 import logging
 import math
+import ssl
 import threading
 import time
 from collections.abc import Coroutine, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 from confluent_kafka import TopicPartition as KafkaTP
 
@@ -89,6 +90,7 @@ from htmqc.sources.pumped import (
     stop_loop,
 )
 from htmqc.sources.pumped import stream_name as stream_name
+from htmqc.sources.tls import TLS_PARAMS, TLS_REFUSALS, client_context, query_of, tls_refusal
 
 log = logging.getLogger("htmqc.rabbitmq")
 
@@ -96,10 +98,16 @@ T = TypeVar("T")
 
 #: The ``--bootstrap`` scheme.
 SCHEME = "rabbitmq-stream"
+#: The scheme of a node's TLS stream port.
+TLS_SCHEME = "rabbitmq-stream+tls"
 #: Default ports: the stream protocol, AMQP 0-9-1 (the lease).
 STREAM_PORT, AMQP_PORT = 5552, 5672
+#: RabbitMQ's default TLS ports (stream, AMQP).
+STREAMS_PORT, AMQPS_PORT = 5551, 5671
 #: The application property that carries a message's key.
 KEY_PROPERTY = "Htmqc-Key"
+#: Seconds a start-up probe of the login waits, and one for a TLS alert after it.
+PROBE_SECONDS, ALERT_SECONDS = 2.0, 1.0
 #: Seconds between a standby's attempts to take the lease.
 STANDBY_POLL = 0.5
 #: AMQP heartbeat of the lease connection (s): a hung member loses the lease after two.
@@ -131,7 +139,10 @@ def check_name(what: str, name: str) -> None:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where a node is: ``rabbitmq-stream://[USER:PASSWORD@]HOST[:PORT][/VHOST][?amqp-port=N]``."""
+    """Where a node is: ``rabbitmq-stream[+tls]://[USER:PASSWORD@]HOST[:PORT][/VHOST]``
+    with ``?amqp-port=N`` and, over TLS, ``ca=``, ``cert=``, ``key=``
+    (:mod:`htmqc.sources.tls`); ``tls`` is the client context then, for the
+    stream and the lease's AMQP connections alike."""
 
     host: str
     port: int = STREAM_PORT
@@ -139,30 +150,40 @@ class Endpoint:
     user: str = "guest"
     password: str = "guest"
     vhost: str = "/"
+    tls: ssl.SSLContext | None = None
 
 
 def endpoint_of(bootstrap: str) -> Endpoint:
-    """``--bootstrap`` as an :class:`Endpoint`.
+    """``--bootstrap`` as an :class:`Endpoint`. ``rabbitmq-stream+tls://`` is TLS
+    (default ports 5551 and 5671), the server's certificate and host name verified.
 
-    :raises UsageError: another scheme, no host, or a port that is not a number."""
-    hint = f"pass {SCHEME}://HOST:PORT"
+    :raises UsageError: another scheme, no host, a port that is not a number, an
+        unknown parameter, TLS files without ``+tls``, or one that cannot be read."""
+    hint = f"pass {SCHEME}://HOST:PORT (or {TLS_SCHEME}://HOST:PORT?ca=FILE)"
     if not bootstrap.strip():
         raise UsageError("--bootstrap is empty", hint)
-    if not bootstrap.startswith(f"{SCHEME}://"):
+    tls = bootstrap.startswith(f"{TLS_SCHEME}://")
+    if not tls and not bootstrap.startswith(f"{SCHEME}://"):
         raise UsageError(f"--bootstrap {bootstrap!r} is not a RabbitMQ stream URL", hint)
+    url = urlsplit(bootstrap)
+    query = query_of(url.query, ("amqp-port", *TLS_PARAMS), bootstrap)
     try:
-        url = urlsplit(bootstrap)
-        query = parse_qs(url.query)
-        amqp = int(query.get("amqp-port", [AMQP_PORT])[0])
-        port = url.port or STREAM_PORT
+        amqp = int(query.get("amqp-port", AMQPS_PORT if tls else AMQP_PORT))
+        port = url.port or (STREAMS_PORT if tls else STREAM_PORT)
     except ValueError:
         raise UsageError(f"--bootstrap {bootstrap!r} has a bad port", hint) from None
     if not url.hostname:
         raise UsageError(f"--bootstrap {bootstrap!r} names no host", hint)
+    if not tls and any(k in query for k in TLS_PARAMS):
+        raise UsageError(
+            f"--bootstrap gives TLS files ({', '.join(k for k in TLS_PARAMS if k in query)}) "
+            f"to a plain {SCHEME}:// URL",
+            f"use {TLS_SCHEME}://HOST:PORT (the node's TLS stream port, 5551 by default)",
+        )
     vhost = unquote(url.path[1:]) if len(url.path) > 1 else "/"
     return Endpoint(
         url.hostname, port, amqp, unquote(url.username or "guest"),
-        unquote(url.password or "guest"), vhost,
+        unquote(url.password or "guest"), vhost, client_context(query) if tls else None,
     )  # fmt: skip
 
 
@@ -216,15 +237,21 @@ def outgoing(value: bytes, key: bytes | None, headers: Iterable[tuple[str, bytes
 async def connect(endpoint: Endpoint, seconds: float) -> Any:
     """An rstream ``Consumer`` whose locator connection is up, tried for ``seconds``.
 
-    :raises RuntimeFailure: the node did not answer in time."""
+    :raises RuntimeFailure: the node did not answer in time, or it refused the
+        credentials or the TLS handshake (at once: another try cannot help)."""
     from rstream import Consumer
 
     deadline = time.monotonic() + seconds
     last = "timed out"
     while True:
+        refused = await _refusal(endpoint, max(1.0, deadline - time.monotonic()))
+        if refused:
+            await asyncio.sleep(0.05)  # the refused transports close before the loop stops
+            where = f"{endpoint.host}:{endpoint.port}"
+            raise RuntimeFailure(f"RabbitMQ at {where} {refused}", _REFUSAL_HINTS[refused])
         consumer = Consumer(
-            endpoint.host, endpoint.port, username=endpoint.user,
-            password=endpoint.password, vhost=endpoint.vhost, connection_name="htmqc",
+            endpoint.host, endpoint.port, username=endpoint.user, password=endpoint.password,
+            vhost=endpoint.vhost, connection_name="htmqc", ssl_context=endpoint.tls,
         )  # fmt: skip
         try:
             await asyncio.wait_for(consumer.default_client, max(1.0, deadline - time.monotonic()))
@@ -239,6 +266,79 @@ async def connect(endpoint: Endpoint, seconds: float) -> Any:
                 "check --bootstrap and that the node runs the rabbitmq_stream plugin",
             )
         await asyncio.sleep(0.2)
+
+
+_REFUSAL_HINTS = {
+    "refused the login": (
+        "check the USER:PASSWORD@ and the /VHOST in --bootstrap (default guest:guest and /)"
+    ),
+    **TLS_REFUSALS,
+}
+
+
+async def _refusal(endpoint: Endpoint, seconds: float) -> str:
+    """One connection and login with rstream's plain client: why the node refused
+    this client for good (a key of :data:`_REFUSAL_HINTS`), else ``""``. The
+    ``Consumer`` itself retries a refused login until its caller gives up, and says
+    only "timed out"."""
+    from rstream import exceptions
+    from rstream.client import Client
+
+    client = Client(
+        endpoint.host, endpoint.port, ssl_context=endpoint.tls, frame_max=1 << 20, heartbeat=60
+    )
+    login: asyncio.Future[Any] | None = None
+    try:
+        async with asyncio.timeout(min(seconds, PROBE_SECONDS)):
+            await client.start()
+            login = asyncio.ensure_future(
+                client.authenticate(endpoint.vhost, endpoint.user, endpoint.password)
+            )
+            # The node may close the connection before rstream reads its answer (a
+            # refused login's answer is sometimes lost with it), and rstream's reader
+            # swallows a TLS alert that follows the handshake (TLS 1.3: a client
+            # certificate the node wanted); either way the login waits for ever.
+            while not login.done() and client.is_connection_alive():
+                await asyncio.sleep(0.02)
+            if login.done():
+                await login
+                return ""
+    except exceptions.AuthenticationFailure:
+        return "refused the login"
+    except TimeoutError:
+        return ""  # a slow node: the consumer's own tries go on
+    except Exception as exc:
+        return tls_refusal(exc)
+    finally:
+        if login is not None:
+            login.cancel()
+        with contextlib.suppress(Exception):
+            await client.close()
+        # rstream 1.1's close leaves a broken connection's socket open: close it here.
+        connection = getattr(client, "_conn", None)
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                await connection.close()
+    alert = await _tls_alert(endpoint) if endpoint.tls is not None else ""
+    return alert or "refused the login"
+
+
+async def _tls_alert(endpoint: Endpoint) -> str:
+    """A TLS connection that says nothing: the alert a node sends right after the
+    handshake, as a refusal (``""``: none within :data:`ALERT_SECONDS`)."""
+    writer = None
+    try:
+        async with asyncio.timeout(ALERT_SECONDS):
+            reader, writer = await asyncio.open_connection(
+                endpoint.host, endpoint.port, ssl=endpoint.tls
+            )
+            await reader.read(1)
+    except Exception as exc:
+        return tls_refusal(exc)
+    finally:
+        if writer is not None:
+            writer.close()
+    return ""
 
 
 async def count_partitions(consumer: Any, topic: str) -> int:
@@ -471,6 +571,7 @@ class RabbitStreamConsumer(PumpedConsumer):
         params = pika.ConnectionParameters(
             ep.host, ep.amqp_port, ep.vhost, pika.PlainCredentials(ep.user, ep.password),
             heartbeat=LEASE_HEARTBEAT, connection_attempts=1, socket_timeout=5,
+            ssl_options=pika.SSLOptions(ep.tls, ep.host) if ep.tls is not None else None,
         )  # fmt: skip
         conn: Any = None
         waited = False
@@ -581,7 +682,7 @@ class RabbitStreamClient:
             raise
         self.producer: Any = Producer(
             ep.host, ep.port, username=ep.user, password=ep.password, vhost=ep.vhost,
-            default_batch_publishing_delay=0.01,
+            default_batch_publishing_delay=0.01, ssl_context=ep.tls,
         )  # fmt: skip
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float = CALL_TIMEOUT) -> T:

@@ -79,6 +79,16 @@ class RabbitServer:
     #: How the node was started (its binary and environment), for :meth:`restart`.
     argv: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    #: The TLS stream and AMQP ports (0: no TLS listeners).
+    tls_stream_port: int = 0
+    tls_amqp_port: int = 0
+
+    def tls_url(self, query: str) -> str:
+        """``rabbitmq-stream+tls://127.0.0.1:PORT?amqp-port=PORT&QUERY`` (its TLS ports)."""
+        return (
+            f"rabbitmq-stream+tls://127.0.0.1:{self.tls_stream_port}"
+            f"?amqp-port={self.tls_amqp_port}&{query}"
+        )
 
     @property
     def url(self) -> str:
@@ -152,10 +162,23 @@ def _accepts(port: int) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class NodeTls:
+    """TLS listeners for :func:`start_rabbitmq`: PEM files of the CA, the node's
+    certificate and key; ``verify_clients``: a client must present a certificate
+    the CA signed."""
+
+    ca: Path
+    cert: Path
+    key: Path
+    verify_clients: bool = False
+
+
 def start_rabbitmq(
-    *, binary: str | None = None, ready_seconds: float = READY_SECONDS
+    *, binary: str | None = None, ready_seconds: float = READY_SECONDS, tls: NodeTls | None = None
 ) -> RabbitServer:
-    """Start a private node with streams on 127.0.0.1 and wait until it is ready.
+    """Start a private node with streams on 127.0.0.1 and wait until it is ready;
+    with ``tls``, TLS stream and AMQP listeners as well (``tls_url``).
 
     :raises RuntimeFailure: not installed, or the node exited or was not ready in time.
     """
@@ -166,14 +189,27 @@ def start_rabbitmq(
         )
     began = time.monotonic()
     home = Path(tempfile.mkdtemp(prefix="htmqc-rabbitmq-"))
-    amqp, stream, dist, epmd_port = (free_port() for _ in range(4))
-    (home / "rabbitmq.conf").write_text(
+    amqp, stream, dist, epmd_port, amqps, streams = (free_port() for _ in range(6))
+    conf = (
         f"listeners.tcp.default = 127.0.0.1:{amqp}\n"
         f"stream.listeners.tcp.1 = 127.0.0.1:{stream}\n"
         "stream.advertised_host = 127.0.0.1\n"
         f"stream.advertised_port = {stream}\n"
         "loopback_users.guest = true\n"
     )
+    if tls is not None:
+        verify = "verify_peer" if tls.verify_clients else "verify_none"
+        conf += (
+            f"listeners.ssl.default = 127.0.0.1:{amqps}\n"
+            f"stream.listeners.ssl.1 = 127.0.0.1:{streams}\n"
+            f"stream.advertised_tls_port = {streams}\n"
+            f"ssl_options.cacertfile = {tls.ca}\n"
+            f"ssl_options.certfile = {tls.cert}\n"
+            f"ssl_options.keyfile = {tls.key}\n"
+            f"ssl_options.verify = {verify}\n"
+            f"ssl_options.fail_if_no_peer_cert = {str(tls.verify_clients).lower()}\n"
+        )
+    (home / "rabbitmq.conf").write_text(conf)
     (home / "enabled_plugins").write_text("[rabbitmq_stream].\n")
     log = home / "rabbit.log"
     env = {
@@ -195,6 +231,8 @@ def start_rabbitmq(
     epmd = _spawn([_epmd_binary(), "-port", str(epmd_port), "-address", "127.0.0.1"], env, home)
     proc = _spawn([exe], env, home)
     server = RabbitServer(proc, epmd, stream, amqp, home, log, 0.0, [exe], env)
+    if tls is not None:
+        server.tls_stream_port, server.tls_amqp_port = streams, amqps
     _wait_ready(server, began + ready_seconds)
     server.started_seconds = time.monotonic() - began
     return server

@@ -15,7 +15,9 @@ masked in logs and errors; to keep it off the command line (``ps``), give the
 URL in ``HTMQC_BOOTSTRAP`` or in ``--config``'s ``[run]`` table.
 
 :func:`query_of` refuses a parameter a source does not know, and
-:func:`client_context` a file it cannot read, each in one line naming the fix.
+:func:`client_context` a file it cannot read, each in one line naming the fix;
+:func:`tls_refusal` tells a handshake that no retry can cure (the sources then
+stop at once, with :data:`TLS_REFUSALS`' fix).
 """
 
 from __future__ import annotations
@@ -84,6 +86,28 @@ def client_context(params: Mapping[str, str]) -> ssl.SSLContext:
                 "pass cert= and key= as PEM files (the key unencrypted)",
             ) from None
     return context
+
+
+#: Why a server refused this client's TLS for good, and the fix.
+TLS_REFUSALS = {
+    "presented a certificate this client does not trust": (
+        "pass ca= the PEM file of the authority that signed the server's certificate"
+    ),
+    "refused the TLS handshake": (
+        "check that the server speaks TLS on that port and, if it verifies clients, pass "
+        "cert= and key="
+    ),
+}
+
+
+def tls_refusal(exc: BaseException) -> str:
+    """The key of :data:`TLS_REFUSALS` that ``exc`` is, or ``""`` (not a TLS
+    refusal: another try may cure it)."""
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return "presented a certificate this client does not trust"
+    if isinstance(exc, ssl.SSLError):
+        return "refused the TLS handshake"
+    return ""
 
 
 def _reason(exc: OSError | ssl.SSLError) -> str:
