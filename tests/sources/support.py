@@ -254,7 +254,7 @@ def check_exactly_once_through_kills(
 def check_secured_run(
     source: str,
     bootstrap: str,
-    client: Any,
+    client_of: Callable[[str], Any],
     produce: Callable[..., Any],
     topic: str,
     tmp_path: Path,
@@ -264,16 +264,22 @@ def check_secured_run(
     n: int = 300,
 ) -> None:
     """``htmqc run --source SOURCE`` at ``bootstrap`` handles and commits all ``n``
-    messages of a 2-partition ``topic``; its log shows ``shown`` (the address,
-    masked) and never ``secret``."""
-    produce(bootstrap, topic, n, partitions=2, client=client)
-    log, out = tmp_path / "run.log", tmp_path / "out.txt"
-    proc = htmqc_run(
-        bootstrap, topic, f"{HANDLERS}:log_order", "--source", source, "--group", "g",
-        "--idle-exit", "2", "--log-level", "DEBUG", log=log, env={"HTMQC_TEST_OUT": str(out)},
-    )  # fmt: skip
-    assert finish(proc, 90) == 0, log.read_text()[-2000:]
-    assert sum(client.committed("g", topic, p) or 0 for p in range(2)) == n
+    messages of a 2-partition ``topic`` (produced, and the commits read, with
+    ``client_of(bootstrap)``); its log shows ``shown`` (the address, masked) and
+    never ``secret``."""
+    client = client_of(bootstrap)
+    try:
+        produce(bootstrap, topic, n, partitions=2, client=client)
+        log, out = tmp_path / "run.log", tmp_path / "out.txt"
+        proc = htmqc_run(
+            bootstrap, topic, f"{HANDLERS}:log_order", "--source", source, "--group", "g",
+            "--idle-exit", "2", "--log-level", "DEBUG", log=log,
+            env={"HTMQC_TEST_OUT": str(out)},
+        )  # fmt: skip
+        assert finish(proc, 90) == 0, log.read_text()[-2000:]
+        assert sum(client.committed("g", topic, p) or 0 for p in range(2)) == n
+    finally:
+        client.close()
     assert len(out.read_text().splitlines()) == n
     text = log.read_text()
     assert shown in text and secret not in text, text[:2000]

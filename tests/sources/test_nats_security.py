@@ -54,14 +54,10 @@ def test_a_run_over_tls_with_a_password_handles_and_commits_everything(
     tls_server: NatsServer, pki: Pki, topic_name: Callable[[], str], tmp_path: Path
 ) -> None:
     bootstrap = url(tls_server, f"ca={pki.ca}")
-    client = NatsClient(bootstrap)
-    try:
-        check_secured_run(
-            "nats", bootstrap, client, produce, topic_name(), tmp_path,
-            shown=f"tls://alice:***@127.0.0.1:{tls_server.port}", secret=PASSWORD,
-        )  # fmt: skip
-    finally:
-        client.close()
+    check_secured_run(
+        "nats", bootstrap, NatsClient, produce, topic_name(), tmp_path,
+        shown=f"tls://alice:***@127.0.0.1:{tls_server.port}", secret=PASSWORD,
+    )  # fmt: skip
 
 
 @pytest.mark.slow

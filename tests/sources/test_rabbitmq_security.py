@@ -57,15 +57,11 @@ def test_a_run_over_tls_handles_and_commits_everything(
 ) -> None:
     """The stream connections and the lease's AMQP connection all go over TLS."""
     bootstrap = with_password(tls_node.tls_url(f"ca={pki.ca}"))
-    client = RabbitStreamClient(bootstrap)
-    try:
-        check_secured_run(
-            "rabbitmq-stream", bootstrap, client, produce, topic_name(), tmp_path,
-            shown=f"rabbitmq-stream+tls://***:***@127.0.0.1:{tls_node.tls_stream_port}",
-            secret="guest",  # the node's only user: its name is its password, both masked
-        )  # fmt: skip
-    finally:
-        client.close()
+    check_secured_run(
+        "rabbitmq-stream", bootstrap, RabbitStreamClient, produce, topic_name(), tmp_path,
+        shown=f"rabbitmq-stream+tls://***:***@127.0.0.1:{tls_node.tls_stream_port}",
+        secret="guest",  # the node's only user: its name is its password, both masked
+    )  # fmt: skip
 
 
 def test_mutual_tls_with_the_client_certificate_connects(

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 SOURCES = Path(__file__).resolve().parents[2] / "src" / "htmqc" / "sources"
-#: The htmqc modules an adapter may import: errors, the test message format, DLQ names,
-#: the shared consumer port (:mod:`htmqc.sources.pumped`), TLS from a URL
+#: The htmqc modules an adapter may import: errors, secrets to mask, the test message
+#: format, DLQ names, the shared consumer port (:mod:`htmqc.sources.pumped`), TLS from a URL
 #: (:mod:`htmqc.sources.tls`) and the private servers.
 ALLOWED = {
-    "htmqc.errors", "htmqc.produce", "htmqc.dlq.record", "htmqc.sources.pumped",
+    "htmqc.errors", "htmqc.secrets", "htmqc.produce", "htmqc.dlq.record", "htmqc.sources.pumped",
     "htmqc.sources.tls", "htmqc.sources.nats_server", "htmqc.sources.pulsar_server",
     "htmqc.sources.rabbitmq_server",
 }  # fmt: skip

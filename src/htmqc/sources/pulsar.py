@@ -129,13 +129,15 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 from confluent_kafka import TopicPartition as KafkaTP
 
 from htmqc.dlq.record import retry_topic
 from htmqc.errors import RuntimeFailure, UsageError
+from htmqc.secrets import remember as remember_secret
 from htmqc.sources.pumped import (
     CALL_TIMEOUT,
     RETRY_SUFFIX,
@@ -148,6 +150,7 @@ from htmqc.sources.pumped import (
     _Partition,
     check_plain,
 )
+from htmqc.sources.tls import query_of
 
 log = logging.getLogger("htmqc.pulsar")
 
@@ -259,22 +262,26 @@ class PulsarAdmin:
     """The admin (HTTP) calls the offset mapping needs: an entry's index, a
     partition's watermarks, the message id of an offset."""
 
-    def __init__(self, admin_url: str, timeout: float = 10.0) -> None:
+    def __init__(self, admin_url: str, timeout: float = 10.0, token: str | None = None) -> None:
         self.admin_url = admin_url.rstrip("/")
         self.timeout = timeout
+        self.headers = {"Content-Type": "application/json"}
+        if token is not None:
+            self.headers["Authorization"] = f"Bearer {token}"
 
     def _get(
         self, path: str, method: str = "GET", body: Any = None
     ) -> tuple[bytes, dict[str, str]]:
         url = f"{self.admin_url}/admin/v2/persistent/{urllib.parse.quote(path)}"
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(
-            url, data=data, method=method, headers={"Content-Type": "application/json"}
-        )
+        request = urllib.request.Request(url, data=data, method=method, headers=self.headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as answer:
                 return answer.read(), dict(answer.headers.items())
         except urllib.error.HTTPError as exc:
+            exc.close()  # its body's socket
+            if exc.code in (401, 403):
+                raise self.refused(exc.code) from None
             raise AdminError(
                 exc.code,
                 f"Pulsar admin {method} {path} answered {exc.code}",
@@ -286,6 +293,29 @@ class PulsarAdmin:
                 f"cannot reach Pulsar's admin API at {self.admin_url}: {exc}",
                 "check --bootstrap's admin-port and that the broker runs",
             ) from exc
+
+    def refused(self, status: int) -> RuntimeFailure:
+        """The one-line error of an admin call answered 401 or 403."""
+        said = "refused the token" if "Authorization" in self.headers else "asks for a token"
+        return RuntimeFailure(
+            f"Pulsar's admin API at {self.admin_url} {said} ({status})",
+            "pass --bootstrap ...?token-file=FILE with a token the broker accepts",
+        )
+
+    def reachable(self) -> None:
+        """One admin call (the clusters list).
+
+        :raises OSError: no answer; :raises RuntimeFailure: the token refused."""
+        request = urllib.request.Request(
+            f"{self.admin_url}/admin/v2/clusters", headers=self.headers
+        )
+        try:
+            urllib.request.urlopen(request, timeout=2).close()
+        except urllib.error.HTTPError as exc:
+            exc.close()  # its body's socket
+            if exc.code in (401, 403):
+                raise self.refused(exc.code) from None
+            raise
 
     def partitions(self, topic: str) -> int:
         """How many partitions the partitioned topic ``topic`` has (0: no such
@@ -428,37 +458,62 @@ def check_name(what: str, name: str) -> None:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where a broker is: ``pulsar://HOST[:PORT][?admin-port=N | ?admin=URL]``; the
-    admin API is ``http://HOST:8080`` unless said."""
+    """Where a broker is: ``pulsar://HOST[:PORT][?admin-port=N | ?admin=URL]``, with
+    ``token-file=PATH`` for a broker that wants a token; the admin API is
+    ``http://HOST:8080`` unless said."""
 
     service_url: str
     admin_url: str
     host: str
     port: int
+    #: The token read from ``token-file`` (kept out of ``repr``).
+    token: str | None = field(default=None, repr=False)
+
+
+#: What ``--bootstrap`` may carry beside the broker.
+QUERY_PARAMS = ("admin-port", "admin", "token-file")
 
 
 def endpoint_of(bootstrap: str) -> Endpoint:
-    """``--bootstrap`` as an :class:`Endpoint`.
+    """``--bootstrap`` as an :class:`Endpoint`. A token is read from ``token-file``
+    (its one line; remembered as a secret, so logs mask it).
 
-    :raises UsageError: another scheme, no host, or a port that is not a number."""
+    :raises UsageError: another scheme, no host, a port that is not a number, an
+        unknown parameter, or a token file that cannot be read or is empty."""
     hint = f"pass {SCHEME}://HOST:PORT[?admin-port=N]"
     if not bootstrap.strip():
         raise UsageError("--bootstrap is empty", hint)
     if not bootstrap.startswith(f"{SCHEME}://"):
         raise UsageError(f"--bootstrap {bootstrap!r} is not a Pulsar URL", hint)
+    url = urllib.parse.urlsplit(bootstrap)
+    query = query_of(url.query, QUERY_PARAMS, bootstrap)
     try:
-        url = urllib.parse.urlsplit(bootstrap)
-        query = urllib.parse.parse_qs(url.query)
         port = url.port or BROKER_PORT
-        admin_port = int(query.get("admin-port", [ADMIN_PORT])[0])
+        admin_port = int(query.get("admin-port", ADMIN_PORT))
     except ValueError:
         raise UsageError(f"--bootstrap {bootstrap!r} has a bad port", hint) from None
     if not url.hostname:
         raise UsageError(f"--bootstrap {bootstrap!r} names no host", hint)
-    admin = query.get("admin", [f"http://{url.hostname}:{admin_port}"])[0]
+    admin = query.get("admin", f"http://{url.hostname}:{admin_port}")
     if not admin.startswith(("http://", "https://")):
         raise UsageError(f"--bootstrap's admin {admin!r} is not an http(s) URL", hint)
-    return Endpoint(f"{SCHEME}://{url.hostname}:{port}", admin, url.hostname, port)
+    token = _read_token(query["token-file"]) if "token-file" in query else None
+    return Endpoint(f"{SCHEME}://{url.hostname}:{port}", admin, url.hostname, port, token)
+
+
+def _read_token(path: str) -> str:
+    try:
+        token = Path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not text"
+        raise UsageError(
+            f"cannot read the Pulsar token file {path}: {reason}",
+            "pass token-file= a file holding the token (a JWT) on one line",
+        ) from None
+    if not token:
+        raise UsageError(f"the Pulsar token file {path} is empty", "put the token in it")
+    remember_secret(token)
+    return token
 
 
 def _group_topic(kind: str, group: str, topic: str) -> str:
@@ -627,11 +682,13 @@ def new_client(endpoint: Endpoint, connect_seconds: float, quiet: bool = False) 
     :raises RuntimeFailure: they did not answer in time."""
 
     deadline = time.monotonic() + connect_seconds
-    admin = PulsarAdmin(endpoint.admin_url, timeout=max(1.0, min(10.0, connect_seconds)))
+    admin = PulsarAdmin(
+        endpoint.admin_url, timeout=max(1.0, min(10.0, connect_seconds)), token=endpoint.token
+    )
     while True:
         try:
             socket.create_connection((endpoint.host, endpoint.port), timeout=1.0).close()
-            urllib.request.urlopen(f"{admin.admin_url}/admin/v2/clusters", timeout=2).close()
+            admin.reachable()
             break
         except OSError as exc:
             last = f"{type(exc).__name__}: {exc}"
@@ -649,10 +706,14 @@ def pulsar_client(endpoint: Endpoint, quiet: bool = False) -> Any:
     """A ``pulsar.Client`` of ``endpoint`` (it connects on first use)."""
     import pulsar
 
+    auth = {} if endpoint.token is None else {
+        "authentication": pulsar.AuthenticationToken(endpoint.token)
+    }
     return pulsar.Client(
         endpoint.service_url,
         operation_timeout_seconds=max(5, int(CALL_TIMEOUT / 2)),
         logger=client_logger(quiet),
+        **auth,
     )
 
 
@@ -710,7 +771,7 @@ class PulsarConsumer(PumpedConsumer):
         #: Why taking the lease failed for good (``None``: it did not).
         self._lease_error: str | None = None
         self.endpoint = endpoint_of(bootstrap)
-        self.admin = PulsarAdmin(self.endpoint.admin_url)
+        self.admin = PulsarAdmin(self.endpoint.admin_url, token=self.endpoint.token)
         self._client: Any = new_client(self.endpoint, connect_seconds)
         #: The lease's own connection (and a quiet log: a standby is refused every 0.5 s).
         self._lease_client: Any = pulsar_client(self.endpoint, quiet=True)
@@ -1085,7 +1146,7 @@ class PulsarClient:
 
     def __init__(self, bootstrap: str, connect_seconds: float = 10.0) -> None:
         self.endpoint = endpoint_of(bootstrap)
-        self.admin = PulsarAdmin(self.endpoint.admin_url)
+        self.admin = PulsarAdmin(self.endpoint.admin_url, token=self.endpoint.token)
         self.client: Any = new_client(self.endpoint, connect_seconds)
 
     def partitions(self, topic: str) -> int:

@@ -37,8 +37,11 @@ fetches the jars.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import ctypes
+import hashlib
+import hmac
 import json
 import os
 import shutil
@@ -176,6 +179,8 @@ class PulsarServer:
     web_port: int
     process: subprocess.Popen[bytes] | None = None
     _owned: list[Path] = field(default_factory=list)
+    #: The token its own admin calls present (a broker started with :func:`token_auth`).
+    token: str | None = None
 
     @property
     def url(self) -> str:
@@ -217,10 +222,12 @@ class PulsarServer:
         :raises RuntimeFailure: the broker answered an error status.
         """
         data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self.token is not None:
+            headers["Authorization"] = f"Bearer {self.token}"
         request = urllib.request.Request(
-            f"{self.admin_url}/admin{path}", data=data, method=method,
-            headers={"Content-Type": "application/json", "Accept": "application/json"},
-        )  # fmt: skip
+            f"{self.admin_url}/admin{path}", data=data, method=method, headers=headers
+        )
         try:
             with urllib.request.urlopen(request, timeout=timeout) as answer:
                 text = answer.read()
@@ -350,6 +357,39 @@ def _write_config(work: Path, broker_port: int, web_port: int,
     return path
 
 
+def hs256_token(secret: bytes, subject: str) -> str:
+    """A Pulsar token (a JWT signed with HMAC-SHA256) for the role ``subject``."""
+
+    def b64(raw: bytes) -> bytes:
+        return base64.urlsafe_b64encode(raw).rstrip(b"=")
+
+    head = b64(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+    body = b64(json.dumps({"sub": subject}).encode())
+    signature = b64(hmac.new(secret, head + b"." + body, hashlib.sha256).digest())
+    return (head + b"." + body + b"." + signature).decode()
+
+
+def token_auth(secret: bytes) -> tuple[dict[str, str], str]:
+    """``(settings, admin token)``: broker settings that require a token signed with
+    ``secret`` from every client (the admin API included; any valid token may do
+    anything: no authorization), and the token of the broker's own superuser, which
+    :func:`start_pulsar` takes as ``token``."""
+    admin = hs256_token(secret, "admin")
+    settings = {
+        "authenticationEnabled": "true",
+        "authenticationProviders": (
+            "org.apache.pulsar.broker.authentication.AuthenticationProviderToken"
+        ),
+        "tokenSecretKey": "data:;base64," + base64.b64encode(secret).decode(),
+        "superUserRoles": "admin",
+        "brokerClientAuthenticationPlugin": (
+            "org.apache.pulsar.client.impl.auth.AuthenticationToken"
+        ),
+        "brokerClientAuthenticationParameters": f"token:{admin}",
+    }
+    return settings, admin
+
+
 def start_pulsar(
     *,
     broker_port: int | None = None,
@@ -357,6 +397,7 @@ def start_pulsar(
     work: Path | None = None,
     settings: Mapping[str, str] | None = None,
     ready_seconds: float = READY_SECONDS,
+    token: str | None = None,
 ) -> PulsarServer:
     """Start a Pulsar standalone broker on 127.0.0.1 and wait until it is ready.
 
@@ -383,7 +424,7 @@ def start_pulsar(
             "--no-functions-worker", "--no-stream-storage",
             "--metadata-dir", str(work / "metadata"), "--bookkeeper-dir", str(work / "bookie"),
         ]  # fmt: skip
-        server = PulsarServer(argv, work, *ports, _owned=owned)
+        server = PulsarServer(argv, work, *ports, _owned=owned, token=token)
         server._spawn()
         try:
             server._wait_ready(ready_seconds)
