@@ -14,7 +14,8 @@ import pytest
 
 from htmqc.errors import UsageError
 from htmqc.sources.rabbitmq import RabbitStreamClient, endpoint_of, produce
-from htmqc.sources.rabbitmq_server import NodeTls, RabbitServer, start_rabbitmq
+from htmqc.sources.rabbitmq_server import RabbitServer, start_rabbitmq
+from htmqc.sources.tls import ServerTls
 from tests.security.certs import Pki
 from tests.services import require_module, require_rabbitmq_server
 from tests.sources.support import (
@@ -31,7 +32,7 @@ def node(pki: Pki, *, verify_clients: bool) -> Iterator[RabbitServer]:
     binary = require_rabbitmq_server()
     require_module("rstream")
     require_module("pika")
-    tls = NodeTls(pki.ca, pki.cert, pki.key, verify_clients=verify_clients)
+    tls = ServerTls(pki.ca, pki.cert, pki.key, verify_clients=verify_clients)
     with start_rabbitmq(binary=binary, tls=tls) as server:
         yield server
 

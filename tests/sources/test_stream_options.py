@@ -28,7 +28,7 @@ REFUSED = [
 ]
 BAD_BOOTSTRAP = {"nats": ("http://x:1", "not a NATS URL"),
                  "rabbitmq-stream": ("nats://x:1", "not a RabbitMQ stream URL"),
-                 "pulsar": ("pulsar+ssl://x:1", "not a Pulsar URL")}  # fmt: skip
+                 "pulsar": ("http://x:1", "not a Pulsar URL")}  # fmt: skip
 
 
 def _options(source: str, **kw: Any) -> RunOptions:

@@ -121,13 +121,14 @@ import math
 import os
 import re
 import socket
+import ssl
 import tempfile
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,7 +151,13 @@ from htmqc.sources.pumped import (
     _Partition,
     check_plain,
 )
-from htmqc.sources.tls import query_of
+from htmqc.sources.tls import (
+    TLS_PARAMS,
+    TLS_REFUSALS,
+    client_context,
+    query_of,
+    tls_refusal,
+)
 
 log = logging.getLogger("htmqc.pulsar")
 
@@ -262,12 +269,19 @@ class PulsarAdmin:
     """The admin (HTTP) calls the offset mapping needs: an entry's index, a
     partition's watermarks, the message id of an offset."""
 
-    def __init__(self, admin_url: str, timeout: float = 10.0, token: str | None = None) -> None:
+    def __init__(
+        self,
+        admin_url: str,
+        timeout: float = 10.0,
+        token: str | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.admin_url = admin_url.rstrip("/")
         self.timeout = timeout
         self.headers = {"Content-Type": "application/json"}
         if token is not None:
             self.headers["Authorization"] = f"Bearer {token}"
+        self.tls = tls
 
     def _get(
         self, path: str, method: str = "GET", body: Any = None
@@ -276,7 +290,7 @@ class PulsarAdmin:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(url, data=data, method=method, headers=self.headers)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as answer:
+            with urllib.request.urlopen(request, timeout=self.timeout, context=self.tls) as answer:
                 return answer.read(), dict(answer.headers.items())
         except urllib.error.HTTPError as exc:
             exc.close()  # its body's socket
@@ -310,11 +324,21 @@ class PulsarAdmin:
             f"{self.admin_url}/admin/v2/clusters", headers=self.headers
         )
         try:
-            urllib.request.urlopen(request, timeout=2).close()
+            urllib.request.urlopen(request, timeout=2, context=self.tls).close()
         except urllib.error.HTTPError as exc:
             exc.close()  # its body's socket
             if exc.code in (401, 403):
                 raise self.refused(exc.code) from None
+            raise
+        except (urllib.error.URLError, ssl.SSLError) as exc:
+            # A handshake refused is a URLError; an alert after it (TLS 1.3: the
+            # broker wanted a client certificate) comes as the SSLError itself.
+            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+            refused = tls_refusal(reason) if isinstance(reason, BaseException) else ""
+            if refused:
+                raise RuntimeFailure(
+                    f"Pulsar's admin API at {self.admin_url} {refused}", TLS_REFUSALS[refused]
+                ) from None
             raise
 
     def partitions(self, topic: str) -> int:
@@ -430,6 +454,9 @@ class PulsarAdmin:
 #: The ``--bootstrap`` scheme, and the default binary and admin (HTTP) ports.
 SCHEME = "pulsar"
 BROKER_PORT, ADMIN_PORT = 6650, 8080
+#: The TLS scheme and Pulsar's default TLS ports (binary, admin).
+TLS_SCHEME = "pulsar+ssl"
+BROKER_TLS_PORT, ADMIN_TLS_PORT = 6651, 8443
 #: What a topic or group name names here (in the refusal).
 WHAT_NAMES = "a Pulsar topic or subscription"
 #: Seconds between a standby's attempts to take the lease subscription.
@@ -458,9 +485,10 @@ def check_name(what: str, name: str) -> None:
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where a broker is: ``pulsar://HOST[:PORT][?admin-port=N | ?admin=URL]``, with
-    ``token-file=PATH`` for a broker that wants a token; the admin API is
-    ``http://HOST:8080`` unless said."""
+    """Where a broker is: ``pulsar[+ssl]://HOST[:PORT][?admin-port=N | ?admin=URL]``,
+    with ``token-file=PATH`` for a broker that wants a token and, over TLS, ``ca=``,
+    ``cert=``, ``key=`` (:mod:`htmqc.sources.tls`). The admin API is
+    ``http://HOST:8080`` (TLS: ``https://HOST:8443``) unless said."""
 
     service_url: str
     admin_url: str
@@ -468,37 +496,55 @@ class Endpoint:
     port: int
     #: The token read from ``token-file`` (kept out of ``repr``).
     token: str | None = field(default=None, repr=False)
+    #: TLS: the query's files (the C++ client reads paths) and the admin API's context.
+    tls_files: Mapping[str, str] = field(default_factory=dict)
+    tls: ssl.SSLContext | None = field(default=None, repr=False)
 
 
 #: What ``--bootstrap`` may carry beside the broker.
-QUERY_PARAMS = ("admin-port", "admin", "token-file")
+QUERY_PARAMS = ("admin-port", "admin", "token-file", *TLS_PARAMS)
 
 
 def endpoint_of(bootstrap: str) -> Endpoint:
     """``--bootstrap`` as an :class:`Endpoint`. A token is read from ``token-file``
-    (its one line; remembered as a secret, so logs mask it).
+    (its one line; remembered as a secret, so logs mask it). ``pulsar+ssl://`` is
+    TLS on both the binary protocol and the admin API, the broker's certificate and
+    host name verified.
 
     :raises UsageError: another scheme, no host, a port that is not a number, an
-        unknown parameter, or a token file that cannot be read or is empty."""
-    hint = f"pass {SCHEME}://HOST:PORT[?admin-port=N]"
+        unknown parameter, TLS files without ``+ssl``, or a file that cannot be
+        read (an empty token file too)."""
+    hint = f"pass {SCHEME}://HOST:PORT[?admin-port=N] (or {TLS_SCHEME}://HOST:PORT?ca=FILE)"
     if not bootstrap.strip():
         raise UsageError("--bootstrap is empty", hint)
-    if not bootstrap.startswith(f"{SCHEME}://"):
+    tls = bootstrap.startswith(f"{TLS_SCHEME}://")
+    if not tls and not bootstrap.startswith(f"{SCHEME}://"):
         raise UsageError(f"--bootstrap {bootstrap!r} is not a Pulsar URL", hint)
     url = urllib.parse.urlsplit(bootstrap)
     query = query_of(url.query, QUERY_PARAMS, bootstrap)
     try:
-        port = url.port or BROKER_PORT
-        admin_port = int(query.get("admin-port", ADMIN_PORT))
+        port = url.port or (BROKER_TLS_PORT if tls else BROKER_PORT)
+        admin_port = int(query.get("admin-port", ADMIN_TLS_PORT if tls else ADMIN_PORT))
     except ValueError:
         raise UsageError(f"--bootstrap {bootstrap!r} has a bad port", hint) from None
     if not url.hostname:
         raise UsageError(f"--bootstrap {bootstrap!r} names no host", hint)
-    admin = query.get("admin", f"http://{url.hostname}:{admin_port}")
+    files = {k: query[k] for k in TLS_PARAMS if k in query}
+    if files and not tls:
+        raise UsageError(
+            f"--bootstrap gives TLS files ({', '.join(files)}) to a plain {SCHEME}:// URL",
+            f"use {TLS_SCHEME}://HOST:PORT (the broker's TLS port, 6651 by default)",
+        )
+    web = "https" if tls else "http"
+    admin = query.get("admin", f"{web}://{url.hostname}:{admin_port}")
     if not admin.startswith(("http://", "https://")):
         raise UsageError(f"--bootstrap's admin {admin!r} is not an http(s) URL", hint)
     token = _read_token(query["token-file"]) if "token-file" in query else None
-    return Endpoint(f"{SCHEME}://{url.hostname}:{port}", admin, url.hostname, port, token)
+    scheme = TLS_SCHEME if tls else SCHEME
+    return Endpoint(
+        f"{scheme}://{url.hostname}:{port}", admin, url.hostname, port, token, files,
+        client_context(files) if tls else None,
+    )  # fmt: skip
 
 
 def _read_token(path: str) -> str:
@@ -683,7 +729,7 @@ def new_client(endpoint: Endpoint, connect_seconds: float, quiet: bool = False) 
 
     deadline = time.monotonic() + connect_seconds
     admin = PulsarAdmin(
-        endpoint.admin_url, timeout=max(1.0, min(10.0, connect_seconds)), token=endpoint.token
+        endpoint.admin_url, max(1.0, min(10.0, connect_seconds)), endpoint.token, endpoint.tls
     )
     while True:
         try:
@@ -706,9 +752,18 @@ def pulsar_client(endpoint: Endpoint, quiet: bool = False) -> Any:
     """A ``pulsar.Client`` of ``endpoint`` (it connects on first use)."""
     import pulsar
 
-    auth = {} if endpoint.token is None else {
-        "authentication": pulsar.AuthenticationToken(endpoint.token)
-    }
+    auth: dict[str, Any] = {}
+    if endpoint.token is not None:
+        auth["authentication"] = pulsar.AuthenticationToken(endpoint.token)
+    files = endpoint.tls_files
+    if endpoint.tls is not None:
+        auth.update(tls_validate_hostname=True, tls_allow_insecure_connection=False)
+        if "ca" in files:
+            auth["tls_trust_certs_file_path"] = files["ca"]
+        if "cert" in files:
+            auth.update(
+                tls_certificate_file_path=files["cert"], tls_private_key_file_path=files["key"]
+            )
     return pulsar.Client(
         endpoint.service_url,
         operation_timeout_seconds=max(5, int(CALL_TIMEOUT / 2)),
@@ -771,7 +826,9 @@ class PulsarConsumer(PumpedConsumer):
         #: Why taking the lease failed for good (``None``: it did not).
         self._lease_error: str | None = None
         self.endpoint = endpoint_of(bootstrap)
-        self.admin = PulsarAdmin(self.endpoint.admin_url, token=self.endpoint.token)
+        self.admin = PulsarAdmin(
+            self.endpoint.admin_url, token=self.endpoint.token, tls=self.endpoint.tls
+        )
         self._client: Any = new_client(self.endpoint, connect_seconds)
         #: The lease's own connection (and a quiet log: a standby is refused every 0.5 s).
         self._lease_client: Any = pulsar_client(self.endpoint, quiet=True)
@@ -1146,7 +1203,9 @@ class PulsarClient:
 
     def __init__(self, bootstrap: str, connect_seconds: float = 10.0) -> None:
         self.endpoint = endpoint_of(bootstrap)
-        self.admin = PulsarAdmin(self.endpoint.admin_url, token=self.endpoint.token)
+        self.admin = PulsarAdmin(
+            self.endpoint.admin_url, token=self.endpoint.token, tls=self.endpoint.tls
+        )
         self.client: Any = new_client(self.endpoint, connect_seconds)
 
     def partitions(self, topic: str) -> int:

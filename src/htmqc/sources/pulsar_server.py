@@ -60,6 +60,7 @@ from typing import Any
 
 from htmqc.errors import RuntimeFailure
 from htmqc.sources.nats_server import free_port
+from htmqc.sources.tls import ServerTls
 
 LIBS_ENV = "HTMQC_PULSAR_LIBS"
 #: Where ``make setup`` puts the jars, in a source checkout.
@@ -181,6 +182,13 @@ class PulsarServer:
     _owned: list[Path] = field(default_factory=list)
     #: The token its own admin calls present (a broker started with :func:`token_auth`).
     token: str | None = None
+    #: Its TLS binary and admin ports (0: no TLS listeners).
+    tls_broker_port: int = 0
+    tls_web_port: int = 0
+
+    def tls_bootstrap(self, query: str) -> str:
+        """``pulsar+ssl://127.0.0.1:PORT?admin-port=PORT&QUERY`` (its TLS ports)."""
+        return f"pulsar+ssl://{HOST}:{self.tls_broker_port}?admin-port={self.tls_web_port}&{query}"
 
     @property
     def url(self) -> str:
@@ -341,6 +349,21 @@ def _tail(path: Path, lines: int = 3) -> str:
     return "no log"
 
 
+def _tls_settings(tls: ServerTls | None, broker: int, web: int) -> dict[str, str]:
+    """TLS listeners beside the plain ones (the broker's own clients stay plain)."""
+    if tls is None:
+        return {}
+    return {
+        "brokerServicePortTls": str(broker),
+        "webServicePortTls": str(web),
+        "tlsCertificateFilePath": str(tls.cert),
+        "tlsKeyFilePath": str(tls.key),
+        "tlsTrustCertsFilePath": str(tls.ca),
+        "tlsRequireTrustedClientCertOnConnect": str(tls.verify_clients).lower(),
+        "numHttpServerThreads": "8",  # two web connectors: 4 do not start (Jetty)
+    }
+
+
 def _write_config(work: Path, broker_port: int, web_port: int,
                   settings: Mapping[str, str]) -> Path:  # fmt: skip
     conf = {
@@ -398,6 +421,7 @@ def start_pulsar(
     settings: Mapping[str, str] | None = None,
     ready_seconds: float = READY_SECONDS,
     token: str | None = None,
+    tls: ServerTls | None = None,
 ) -> PulsarServer:
     """Start a Pulsar standalone broker on 127.0.0.1 and wait until it is ready.
 
@@ -417,7 +441,8 @@ def start_pulsar(
     fixed = broker_port is not None and web_port is not None
     for attempt in range(_START_ATTEMPTS):
         ports = (broker_port or free_port(), web_port or free_port())
-        conf = _write_config(work, *ports, settings or {})
+        tls_ports = (free_port(), free_port()) if tls is not None else (0, 0)
+        conf = _write_config(work, *ports, {**_tls_settings(tls, *tls_ports), **(settings or {})})
         argv = [
             java, *JVM_OPTIONS, f"-Dlog4j2.configurationFile={work / 'log4j2.properties'}",
             "-cp", f"{libs}/*", MAIN_CLASS, "--config", str(conf),
@@ -425,6 +450,7 @@ def start_pulsar(
             "--metadata-dir", str(work / "metadata"), "--bookkeeper-dir", str(work / "bookie"),
         ]  # fmt: skip
         server = PulsarServer(argv, work, *ports, _owned=owned, token=token)
+        server.tls_broker_port, server.tls_web_port = tls_ports
         server._spawn()
         try:
             server._wait_ready(ready_seconds)

@@ -41,6 +41,7 @@ from types import TracebackType
 
 from htmqc.errors import RuntimeFailure
 from htmqc.sources.nats_server import _tail, free_port
+from htmqc.sources.tls import ServerTls
 
 #: Seconds :func:`start_rabbitmq` waits for the node.
 READY_SECONDS = 60.0
@@ -162,20 +163,8 @@ def _accepts(port: int) -> bool:
     return False
 
 
-@dataclass(frozen=True)
-class NodeTls:
-    """TLS listeners for :func:`start_rabbitmq`: PEM files of the CA, the node's
-    certificate and key; ``verify_clients``: a client must present a certificate
-    the CA signed."""
-
-    ca: Path
-    cert: Path
-    key: Path
-    verify_clients: bool = False
-
-
 def start_rabbitmq(
-    *, binary: str | None = None, ready_seconds: float = READY_SECONDS, tls: NodeTls | None = None
+    *, binary: str | None = None, ready_seconds: float = READY_SECONDS, tls: ServerTls | None = None
 ) -> RabbitServer:
     """Start a private node with streams on 127.0.0.1 and wait until it is ready;
     with ``tls``, TLS stream and AMQP listeners as well (``tls_url``).

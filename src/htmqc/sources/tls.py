@@ -24,9 +24,25 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import parse_qsl
 
 from htmqc.errors import UsageError
+
+
+@dataclass(frozen=True)
+class ServerTls:
+    """TLS listeners of a private test server (:mod:`htmqc.sources.rabbitmq_server`,
+    :mod:`htmqc.sources.pulsar_server`): PEM files of the CA, the server's
+    certificate and key; ``verify_clients``: a client must present a certificate
+    the CA signed."""
+
+    ca: Path
+    cert: Path
+    key: Path
+    verify_clients: bool = False
+
 
 #: The query parameters :func:`client_context` reads.
 TLS_PARAMS = ("ca", "cert", "key")
