@@ -96,15 +96,19 @@ def main(args: argparse.Namespace) -> int:
 
     options = options_of(args)
     setup_logging(args.log_level, options.log_format)
+    # The bootstrap may be a URL with a query (another log's TLS files): the topic
+    # is named on its own, and librdkafka settings only where they apply.
+    kafka = f" kafka {redacted(options.kafka_config)}" if options.source == "kafka" else ""
     logging.getLogger("htmqc.runtime").info(
-        "run %s on %s/%s group %s mode %s sink %s kafka %s",
+        "run %s: source %s at %s, topic %s, group %s, mode %s, sink %s%s",
         args.handler,
+        options.source,
         options.bootstrap,
         options.topic,
         options.group,
         options.mode,
         redact_url(options.sink) if options.sink else "-",
-        redacted(options.kafka_config),
+        kafka,
     )
     finished = Consumer.from_options(options, load_handler(args.handler)).run()
     logging.getLogger("htmqc.runtime").info("finished %d messages", finished)
