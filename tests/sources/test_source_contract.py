@@ -490,4 +490,9 @@ def test_retries_wait_in_the_retry_topic_and_the_partition_moves_on(
     assert attempts == [1] * (len(flaky) + 1) + [2] * (len(flaky) + 1)
     [(_, _, dead)] = dead_letters(source, topic)
     assert (dead["htmqc-dlq-kind"], dead["htmqc-dlq-retries"]) == ("failed", "2")
-    assert source.client.committed(group, retry, 0) == len(records)
+    # Committed to the retry partition's end. On RabbitMQ the end can be past the
+    # records: each stored commit is an entry of the stream and takes an offset (a
+    # hole for readers), so commits made while records were still being written
+    # leave holes between them.
+    end = source.client.watermarks(retry, 0)[1]
+    assert source.client.committed(group, retry, 0) == end >= len(records)
