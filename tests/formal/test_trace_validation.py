@@ -466,8 +466,8 @@ def stalled_trace(n: int) -> list[str]:
 
 def test_a_long_stall_keeps_every_line_short() -> None:
     """The finished run above a held offset is written as one [first, last]
-    pair: a line's size does not grow with the stall (in full, this trace is
-    about 9 KB a line and 27 MB)."""
+    pair: a line's size does not grow with the stall (this trace's 9,002 lines:
+    1.5 MB, none over 300 bytes; written in full, 25.7 MB with lines up to 17 KB)."""
     lines = stalled_trace(3000)
     assert json.loads(lines[-3])["state"]["finished_above"] == [[1, 2999]]
     assert max(len(x) for x in lines) < 300

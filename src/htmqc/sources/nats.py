@@ -696,6 +696,10 @@ async def connect(address: NatsAddress, seconds: float, **callbacks: Any) -> Any
             if reason and not refusal.done():
                 refusal.set_result(reason)
         if refusal.done():
+            # Let the cancelled connect and its refused transports close before the
+            # caller stops this loop (else they are collected unclosed).
+            await asyncio.wait({attempt}, timeout=1.0)
+            await asyncio.sleep(0.05)
             reason = refusal.result()
             raise RuntimeFailure(f"NATS at {where} {reason}", _REFUSAL_HINTS[reason])
         if time.monotonic() >= deadline:
@@ -717,9 +721,10 @@ _REFUSAL_HINTS = {
 def _refusal(exc: BaseException, credentials: bool) -> str:
     """Why a server refused this client for good (a key of :data:`_REFUSAL_HINTS`),
     or ``""`` for what another try may cure (nothing listening, a timeout)."""
+    tls = tls_refusal(exc)
+    if tls:
+        return tls
     text = str(exc).lower()
-    if tls_refusal(exc):
-        return tls_refusal(exc)
     if "authorization violation" in text or "authentication" in text:
         return "refused the credentials" if credentials else "asks for credentials"
     if "tls required" in text:
