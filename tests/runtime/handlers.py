@@ -22,6 +22,19 @@ def log_order(msg: Any) -> None:
         out.write(line)
 
 
+def slow_log_order(msg: Any) -> None:
+    """:func:`log_order` after 5 ms: a run of thousands lasts long enough for a second
+    member to join it."""
+    time.sleep(0.005)
+    log_order(msg)
+
+
+def slow_table_record(msg: Any, tx: Any) -> None:
+    """:func:`table_record` after 5 ms (see :func:`slow_log_order`)."""
+    time.sleep(0.005)
+    table_record(msg, tx)
+
+
 def slow_record(msg: Any, tx: Any) -> None:
     """Exactly-once: the demo's effect row, after a short sleep (so kills land mid-batch)."""
     from examples.effects import record

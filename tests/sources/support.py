@@ -119,8 +119,9 @@ def check_seek_and_pause(consumer: Any, topic: str) -> None:
     consumer.seek(KafkaTP(topic, 0, 90))
     consumer.pause([KafkaTP(topic, 1)])
     consumer.seek(KafkaTP(topic, 1, 0))
-    got = drain(consumer, 10, timeout=3)
-    assert [(m.partition(), m.offset()) for m in got] == [(0, o) for o in range(90, 100)]
+    got = drain(consumer, 10)  # a seek re-subscribes: seconds on a loaded box
+    seen = [(m.partition(), m.offset()) for m in got]
+    assert seen == [(0, o) for o in range(90, 100)], seen
     assert consumer.consume(100, 0.5) == [], "a paused partition hands out nothing"
     consumer.resume([KafkaTP(topic, 1)])
     assert [m.offset() for m in drain(consumer, 100)] == list(range(100))
@@ -323,3 +324,30 @@ def check_cli_refusal(source: str, bootstrap: str, said: str, secret: str, tmp_p
     last = text.strip().splitlines()[-1]
     assert last.startswith("htmqc: error: ") and said in last, text
     assert "Traceback" not in text and secret not in text, text
+
+
+def stalling_member(
+    source: str, group: str, pg: Any, flag: Path, stall_at: int, *extra: str
+) -> tuple[list[str], dict[str, str]]:
+    """``htmqc run`` arguments (after the URL and topic) and environment of a member,
+    exactly-once into the PostgreSQL tables ``pg`` (transactions of 100), that stalls
+    inside its open transaction on the first message from ``stall_at`` while ``flag``
+    exists (:func:`tests.runtime.handlers.stalling_record`)."""
+    args = [f"{HANDLERS}:stalling_record", "--source", source, "--group", group,
+            "--mode", "exactly-once", "--sink", pg.sink, "--txn-messages", "100", *extra]
+    env = {"HTMQC_TEST_TABLE": pg.effects, "HTMQC_TEST_STALL": str(flag),
+           "HTMQC_TEST_STALL_AT": str(stall_at)}  # fmt: skip
+    return args, env
+
+
+def check_zombie_stored_nothing(pg: Any, n: int, stalled_id: int, successor: int) -> None:
+    """Every one of the ``n`` messages has exactly one effect in ``pg``, and the
+    stalled message's is the successor's (process ``successor``): the zombie's late
+    transaction was not stored."""
+    rows = pg.rows()
+    ids = Counter(r[0] for r in rows)
+    assert sorted(ids) == list(range(n)), "lost effects"
+    assert [i for i, c in ids.items() if c > 1] == [], "the zombie's late transaction was stored"
+    [stalled_row] = [r for r in rows if r[0] == stalled_id]
+    assert stalled_row[3] == successor, "the stalled message's effect must be the successor's"
+    assert pg.stored() == n

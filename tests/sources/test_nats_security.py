@@ -1,6 +1,7 @@
 """NATS over TLS with credentials: ``--bootstrap tls://USER:PASSWORD@HOST:PORT?ca=FILE``
 (and ``cert=``/``key=`` for a server that verifies clients) reaches a secured
-``nats-server``; each refusal is one line that names the fix, at once, never a
+``nats-server``, and ``?creds=FILE`` (a user's JWT and NKey seed) a server in operator
+mode; each refusal is one line that names the fix, at once, never a
 retry loop; the password never shows in what the run prints."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from htmqc.errors import UsageError
 from htmqc.sources.nats import NatsClient, address_of, produce
 from htmqc.sources.nats_server import NatsServer, start_nats
 from tests.security.certs import Pki
+from tests.security.nats_jwt import PREFIX_BYTE_ACCOUNT, Identity, Trust
 from tests.services import require_module, require_nats_server
 from tests.sources.support import (
     check_cli_refusal,
@@ -146,3 +148,61 @@ def test_the_password_is_masked_when_options_are_resolved(
         assert secrets.scrub(f"failed with {PASSWORD}") == "failed with ***"
     finally:
         secrets.forget_all()
+
+
+# -- decentralized authentication: a user's .creds file (JWT + NKey seed) -------------------
+
+
+@pytest.fixture(scope="module")
+def jwt_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NatsServer, Trust]]:
+    """A server in operator mode: it trusts one operator, whose account has JetStream."""
+    binary = require_nats_server()
+    require_module("nats")
+    require_module("nkeys")
+    trust = Trust.new(tmp_path_factory.mktemp("nats-jwt"))
+    with start_nats(binary=binary, extra=["-c", str(trust.config())]) as server:
+        yield server, trust
+
+
+@pytest.mark.slow
+def test_a_run_with_a_creds_file_handles_and_commits_everything(
+    jwt_server: tuple[NatsServer, Trust], topic_name: Callable[[], str], tmp_path: Path
+) -> None:
+    server, trust = jwt_server
+    creds, seed = trust.creds("alice")
+    check_secured_run(
+        "nats", f"nats://127.0.0.1:{server.port}?creds={creds}", NatsClient, produce,
+        topic_name(), tmp_path, shown=f"127.0.0.1:{server.port}", secret=seed,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_creds_file_the_server_does_not_trust_is_one_line(
+    jwt_server: tuple[NatsServer, Trust], tmp_path: Path
+) -> None:
+    server, trust = jwt_server
+    stranger = Identity.new(PREFIX_BYTE_ACCOUNT)  # an account the operator never signed
+    creds, seed = trust.creds("mallory", signer=stranger)
+    url = f"nats://127.0.0.1:{server.port}"
+    check_refusal(lambda: NatsClient(f"{url}?creds={creds}", connect_seconds=20.0).close(),
+                  "refused the credentials", "creds=", seed)  # fmt: skip
+    check_refusal(lambda: NatsClient(url, connect_seconds=20.0).close(),
+                  "asks for credentials", "creds=FILE")  # fmt: skip
+    check_cli_refusal("nats", f"{url}?creds={creds}", "refused the credentials", seed, tmp_path)
+
+
+def test_creds_without_the_nkeys_package_is_refused_before_connecting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    creds = tmp_path / "u.creds"
+    creds.write_text("not read before the package is found\n")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "nkeys" else real(name, *a)
+    )
+    with pytest.raises(UsageError) as caught:
+        address_of(f"nats://h:4222?creds={creds}")
+    assert "needs the Python package nkeys" in caught.value.line()
+    assert "htmqc[nats]" in caught.value.line()

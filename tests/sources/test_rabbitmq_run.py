@@ -16,6 +16,7 @@ Pulsar, are in test_source_contract.py. The audit helpers are the Kafka tests'
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,6 +42,26 @@ def rabbit(*args: str) -> list[str]:
     return ["--source", "rabbitmq-stream", *args]
 
 
+def settled_watermarks(
+    client: RabbitStreamClient, topic: str, partitions: int, quiet: float = 1.5
+) -> dict[int, tuple[int, int]]:
+    """Each partition's watermarks once retention is done: RabbitMQ deletes segments
+    after they roll over, in the background, so the low mark may still move after the
+    last write (a run reading then finds more gone than a read just before it saw: it
+    failed so once in CI, on a loaded box). Read until unchanged for ``quiet`` seconds
+    (at most 30 s)."""
+    marks = {p: client.watermarks(topic, p) for p in range(partitions)}
+    stable_since = time.monotonic()
+    deadline = stable_since + 30
+    while time.monotonic() - stable_since < quiet:
+        assert time.monotonic() < deadline, f"retention never settled: {marks}"
+        time.sleep(0.25)
+        now = {p: client.watermarks(topic, p) for p in range(partitions)}
+        if now != marks:
+            marks, stable_since = now, time.monotonic()
+    return marks
+
+
 def test_offsets_deleted_by_retention_are_a_gap(
     rabbitmq_server: RabbitServer,
     client: RabbitStreamClient,
@@ -58,7 +79,7 @@ def test_offsets_deleted_by_retention_are_a_gap(
     assert positions(db) == {0: 100, 1: 100}
     for start in range(200, n, 200):  # retention is applied as segments roll over
         produce(url, topic, 200, partitions=2, start_id=start, client=client)
-    marks = {p: client.watermarks(topic, p) for p in range(2)}
+    marks = settled_watermarks(client, topic, 2)
     assert all(100 < low < high == n // 2 for low, high in marks.values()), marks
     # Message i is on partition i % 2 at offset i // 2; the sink's positions (100)
     # are below the first offsets kept: the run reads from there, a gap.

@@ -20,7 +20,6 @@ import importlib
 import signal
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +40,9 @@ from tests.sources.support import (
     check_offsets,
     check_seek_and_pause,
     check_traces,
+    check_zombie_stored_nothing,
     drain,
+    stalling_member,
     traced,
 )
 
@@ -169,10 +170,7 @@ def test_a_frozen_member_whose_lease_is_taken_over_stores_nothing_late(
     log_a, log_b = tmp_path / "a.log", tmp_path / "b.log"
     trace_a, trace_b = tmp_path / "a.trace", tmp_path / "b.trace"
     with pg_tables() as pg:
-        args = [f"{HANDLERS}:stalling_record", "--source", source.name, "--group", group,
-                "--mode", "exactly-once", "--sink", pg.sink, "--txn-messages", "100"]
-        env = {"HTMQC_TEST_TABLE": pg.effects, "HTMQC_TEST_STALL": str(flag),
-               "HTMQC_TEST_STALL_AT": str(stall_at)}  # fmt: skip
+        args, env = stalling_member(source.name, group, pg, flag, stall_at)
         a = htmqc_run(url, topic, *args, *traced(trace_a), env=env, log=log_a)
         b = None
         try:
@@ -202,14 +200,7 @@ def test_a_frozen_member_whose_lease_is_taken_over_stores_nothing_late(
         assert "Traceback" not in text, text[-3000:]
         if source.name == "pulsar":  # its 10 s grace outlasts the late commit, always
             assert "fenced: " in text, text[-3000:]
-        rows = pg.rows()
-        ids = Counter(r[0] for r in rows)
-        assert sorted(ids) == list(range(n)), "lost effects"
-        twice = [i for i, c in ids.items() if c > 1]
-        assert twice == [], "the zombie's late transaction was stored"
-        [stalled_row] = [r for r in rows if r[0] == stalled_id]
-        assert stalled_row[3] == b.pid, "the stalled message's effect must be B's, not A's"
-        assert pg.stored() == n
+        check_zombie_stored_nothing(pg, n, stalled_id, b.pid)
     check_traces("exactly-once", trace_a, trace_b)
 
 

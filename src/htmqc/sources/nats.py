@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -237,6 +238,11 @@ def address_of(bootstrap: str) -> NatsAddress:
             raise UsageError(
                 f"cannot read the NATS credentials file {params['creds']}",
                 "pass creds= the .creds file of the NATS user",
+            )
+        if importlib.util.find_spec("nkeys") is None:  # nats-py signs the nonce with it
+            raise UsageError(
+                "creds= needs the Python package nkeys, which is not installed",
+                "pip install 'htmqc[nats]' (it brings nats-py[nkeys])",
             )
         options["user_credentials"] = params["creds"]
     return NatsAddress(tuple(servers), options)

@@ -78,21 +78,29 @@ not confirmed, and an ack has no room for the metadata.
 Kafka, NATS and RabbitMQ; the commit topic is not used. ``pulsar-client`` (Python) has
 no transaction API, so no ``kafka:``-like sink exists for Pulsar.
 
-*Group membership.* One member of a group consumes a topic: it holds the **lease**, the
-durable ``Exclusive`` subscription named after the group on the empty topic
-``htmqc.lease.GROUP.T`` in ``T``'s namespace (:func:`lease_topic`;
-:meth:`PulsarConsumer._hold_lease`, on a client connection of its own whose C++ log is
-discarded). Nothing is published there, so the subscription holds no backlog; a
-subscription on ``T`` itself would keep every message of ``T`` unacknowledged. A
-second member is refused it (``ConsumerBusy``) and waits as a standby, subscribing again every
-:data:`STANDBY_POLL` s; the broker drops an exclusive consumer with its connection, so
-``close``, a crash and a SIGKILL hand over at once. Once held, ``on_assign`` gets every
-partition, inside a ``consume``; nothing is ever revoked. The lease is checked every
-:data:`LEASE_CHECK` s: while its subscription is not connected (a topic unload, a
-broker restart, a network cut) another member may take it, so nothing is handed out;
-the client reconnects it by itself, which it cannot while another member holds it, and
-a lease not connected again within :data:`LEASE_GRACE` s is lost: the member stops
-(``consume`` raises).
+*Group membership.* ``?subscription=`` on ``--bootstrap`` says how the group's members
+share the topic. ``exclusive`` (the default, Pulsar's own default subscription type):
+one member consumes every partition; it holds the **lease**, the durable ``Exclusive``
+subscription named after the group on the empty topic ``htmqc.lease.GROUP.T`` in
+``T``'s namespace (:func:`lease_topic`; :meth:`PulsarConsumer._hold_exclusive`, on a
+client connection of its own whose C++ log is discarded). Nothing is published there,
+so the subscription holds no backlog; a subscription on ``T`` itself would keep every
+message of ``T`` unacknowledged. A second member is refused it (``ConsumerBusy``) and
+waits as a standby, subscribing again every :data:`STANDBY_POLL` s; the broker drops an
+exclusive consumer with its connection, so ``close``, a crash and a SIGKILL hand over at
+once. Once held, ``on_assign`` gets every partition, inside a ``consume``; nothing is
+ever revoked. The lease is checked every :data:`LEASE_CHECK` s: while its subscription
+is not connected (a topic unload, a broker restart, a network cut) another member may
+take it, so nothing is handed out; the client reconnects it by itself, which it cannot
+while another member holds it, and a lease not connected again within
+:data:`LEASE_GRACE` s is lost: the member stops (``consume`` raises).
+``failover``: the broker spreads the partitions over the members, through a
+``Failover`` subscription on the partitioned topic ``htmqc.members.GROUP.T``
+(:func:`members_topic`; :meth:`PulsarConsumer._hold_share`): partitions move to a
+member that joins (revoked by their holder, which then publishes a release the new
+holder waits for) and from one that leaves, as :mod:`htmqc.sources.pulsar_members`
+explains; in doubt (the subscription disconnected, the owners unreadable) nothing is
+handed out, and after :data:`LEASE_GRACE` s the member stops.
 Exactly-once, the sink's fence is what makes a stale member harmless.
 
 Every offset *decision* stays in the core: this module converts message ids to offsets
@@ -103,9 +111,9 @@ message properties are the headers, as ``(name, bytes)``.
 
 Not done
 --------
-* One member per group and topic (no ``Failover`` sharing of partitions: the Python
-  client has no callbacks for its changes); topics in ``public/default`` only (names
-  are plain); no TLS or authentication options.
+* Sharing (``failover``) learns of a partition's move by reading the admin API every
+  :data:`~htmqc.sources.pulsar_members.POLL` s (the Python client has no callback for
+  it); topics in ``public/default`` only (names are plain).
 * Holes at a partition's tail (a transaction marker as the last entry) are not passed:
   the position stops before them until a later message arrives.
 """
@@ -128,6 +136,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -139,6 +148,7 @@ from confluent_kafka import TopicPartition as KafkaTP
 from htmqc.dlq.record import retry_topic
 from htmqc.errors import RuntimeFailure, UsageError
 from htmqc.secrets import remember as remember_secret
+from htmqc.sources.pulsar_members import HANDOVER_WAIT, POLL, RELEASED_BY, Handover, Owner
 from htmqc.sources.pumped import (
     CALL_TIMEOUT,
     RETRY_SUFFIX,
@@ -286,7 +296,8 @@ class PulsarAdmin:
     def _get(
         self, path: str, method: str = "GET", body: Any = None
     ) -> tuple[bytes, dict[str, str]]:
-        url = f"{self.admin_url}/admin/v2/persistent/{urllib.parse.quote(path)}"
+        path, mark, query = path.partition("?")
+        url = f"{self.admin_url}/admin/v2/persistent/{urllib.parse.quote(path)}{mark}{query}"
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(url, data=data, method=method, headers=self.headers)
         try:
@@ -359,6 +370,31 @@ class PulsarAdmin:
         except AdminError as exc:
             if exc.status != 409:
                 raise
+
+    def ensure_partitions(self, topic: str, partitions: int) -> int:
+        """Make the partitioned ``topic`` have at least ``partitions`` partitions
+        (created, or grown: Pulsar cannot shrink one); how many it has."""
+        have = self.partitions(topic)
+        if have == 0:
+            self.create_partitioned(topic, partitions)
+        elif have < partitions:
+            self._get(f"{topic_path(topic)}/partitions", "POST", partitions)
+        return max(have, partitions)
+
+    def owners(self, topic: str, subscription: str) -> dict[int, Owner]:
+        """Partition index -> its :class:`~htmqc.sources.pulsar_members.Owner` in
+        ``subscription`` of the partitioned ``topic`` (a partition without the
+        subscription yet: no active consumer, none at all)."""
+        body, _headers = self._get(f"{topic_path(topic)}/partitioned-stats?perPartition=true")
+        out: dict[int, Owner] = {}
+        for name, stats in (json.loads(body).get("partitions") or {}).items():
+            index = int(name.rsplit("-partition-", 1)[1])
+            sub = (stats.get("subscriptions") or {}).get(subscription) or {}
+            consumers = frozenset(
+                str(c["consumerName"]) for c in sub.get("consumers") or () if c.get("consumerName")
+            )
+            out[index] = Owner(sub.get("activeConsumerName"), consumers)
+        return out
 
     def create_plain(self, topic: str) -> None:
         """Create the non-partitioned topic ``topic`` (kept if it exists)."""
@@ -499,10 +535,16 @@ class Endpoint:
     #: TLS: the query's files (the C++ client reads paths) and the admin API's context.
     tls_files: Mapping[str, str] = field(default_factory=dict)
     tls: ssl.SSLContext | None = field(default=None, repr=False)
+    #: How the group's members share a topic (:data:`SUBSCRIPTIONS`).
+    subscription: str = "exclusive"
 
 
 #: What ``--bootstrap`` may carry beside the broker.
-QUERY_PARAMS = ("admin-port", "admin", "token-file", *TLS_PARAMS)
+QUERY_PARAMS = ("admin-port", "admin", "token-file", "subscription", *TLS_PARAMS)
+#: ``?subscription=``: ``exclusive`` (one member reads every partition, the others
+#: wait as standbys) or ``failover`` (the broker spreads the partitions over the
+#: members, :mod:`htmqc.sources.pulsar_members`).
+SUBSCRIPTIONS = ("exclusive", "failover")
 
 
 def endpoint_of(bootstrap: str) -> Endpoint:
@@ -540,10 +582,17 @@ def endpoint_of(bootstrap: str) -> Endpoint:
     if not admin.startswith(("http://", "https://")):
         raise UsageError(f"--bootstrap's admin {admin!r} is not an http(s) URL", hint)
     token = _read_token(query["token-file"]) if "token-file" in query else None
+    subscription = query.get("subscription", SUBSCRIPTIONS[0])
+    if subscription not in SUBSCRIPTIONS:
+        raise UsageError(
+            f"--bootstrap's subscription {subscription!r} is not a way to share a topic",
+            "pass ?subscription=exclusive (one member, standbys) or ?subscription=failover "
+            "(partitions spread over the members)",
+        )
     scheme = TLS_SCHEME if tls else SCHEME
     return Endpoint(
         f"{scheme}://{url.hostname}:{port}", admin, url.hostname, port, token, files,
-        client_context(files) if tls else None,
+        client_context(files) if tls else None, subscription,
     )  # fmt: skip
 
 
@@ -580,6 +629,13 @@ def lease_topic(group: str, topic: str) -> str:
     the group's lease on ``topic`` (nothing is ever published to it, so the
     subscription holds no backlog)."""
     return _group_topic("lease", group, topic)
+
+
+def members_topic(group: str, topic: str) -> str:
+    """The partitioned topic whose ``Failover`` subscription named after the group
+    spreads ``topic``'s partitions over the group's members
+    (``?subscription=failover``, :mod:`htmqc.sources.pulsar_members`)."""
+    return _group_topic("members", group, topic)
 
 
 def encode_commit(partition: int, offset: int, metadata: str | None) -> bytes:
@@ -835,6 +891,15 @@ class PulsarConsumer(PumpedConsumer):
         super().__init__(group, thread_name="htmqc-pulsar", **options)
         self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="htmqc-pulsar-io")
         self._lease: Any = None
+        #: ``?subscription=failover``: this member's consumer name, its view of the
+        #: partitions' owners, the partitions it is letting go of (a release is
+        #: published once the runtime did) and the release producers per index.
+        self.member = f"htmqc-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._handover: Handover | None = None
+        self._members_name = ""
+        self._parts_list: list[TP] = []
+        self._releasing: set[TP] = set()
+        self._release_producers: dict[int, Any] = {}
         self._commit_producer: Any = None
         self._commit_topic: str | None = None
         self._refreshed: dict[TP, float] = {}
@@ -980,6 +1045,14 @@ class PulsarConsumer(PumpedConsumer):
             self._cond.notify_all()
 
     async def _hold_lease(self, parts: list[KafkaTP]) -> None:
+        """The group's hold on ``parts``: the exclusive lease (:meth:`_hold_exclusive`)
+        or a share of them (:meth:`_hold_share`), as ``?subscription=`` says."""
+        if self.endpoint.subscription == "failover":
+            await self._hold_share(parts)
+        else:
+            await self._hold_exclusive(parts)
+
+    async def _hold_exclusive(self, parts: list[KafkaTP]) -> None:
         """Take the Exclusive subscription named after the group on the lease topic
         (waiting as a standby while another member holds it), hand ``parts`` to the
         next :meth:`consume`, then watch it every :data:`LEASE_CHECK` s until
@@ -1047,23 +1120,169 @@ class PulsarConsumer(PumpedConsumer):
                         self._lease_until = math.inf
                         self._cond.notify_all()
                 continue
-            now = time.monotonic()
-            if down_since is None:  # in doubt: nothing is handed out
-                down_since = now
-                log.warning(
-                    "the Pulsar lease %s disconnected; handing nothing out until it "
-                    "reconnects (%g s at most)", self._lease_key, self.lease_grace,
-                )  # fmt: skip
-                with self._cond:
-                    self._lease_until = 0.0
-            elif now - down_since >= self.lease_grace:
-                log.warning("the Pulsar lease %s was lost: disconnected for %g s",
-                            self._lease_key, self.lease_grace)  # fmt: skip
-                with self._cond:
-                    self._lease_lost = True
-                    self._lease_until = 0.0
-                    self._cond.notify_all()
+            down_since = self._in_doubt(down_since, "lease", "its subscription is disconnected")
+            if self._lease_lost:
                 return
+
+    # -- ?subscription=failover: a share of the partitions (htmqc.sources.pulsar_members) ----
+
+    def _subscribe_members(self, name: str) -> Any:
+        import pulsar
+
+        return self._lease_client.subscribe(
+            name, self.group, consumer_type=pulsar.ConsumerType.Failover,
+            receiver_queue_size=1, consumer_name=self.member,
+        )  # fmt: skip
+
+    def _drain_releases(self) -> list[tuple[int, str]]:
+        """The releases delivered to this member (acknowledged): ``(index, member)``."""
+        import pulsar
+
+        out: list[tuple[int, str]] = []
+        while True:
+            try:
+                msg = self._lease.receive(timeout_millis=1)
+            except pulsar.Timeout:
+                return out
+            self._lease.acknowledge(msg)
+            member = dict(msg.properties()).get(RELEASED_BY)
+            index = msg.topic_name().rsplit("-partition-", 1)[-1]
+            if member and index.isdigit():
+                out.append((int(index), member))
+
+    def _publish_release(self, name: str, index: int) -> None:
+        producer = self._release_producers.get(index)
+        if producer is None:
+            producer = self._release_producers[index] = self._lease_client.create_producer(
+                partition_topic(name, index), batching_enabled=False,
+            )  # fmt: skip
+        producer.send(b"", properties={RELEASED_BY: self.member})
+
+    def _released(self, tps: list[TP]) -> None:
+        """Tell the next owner of each partition this member lost that it let go."""
+        with self._cond:
+            gone = [tp for tp in tps if tp in self._releasing]
+            self._releasing.difference_update(gone)
+        if gone and not self._closed:
+            name = self._members_name
+            indexes = [self._parts_list.index(tp) for tp in gone if tp in self._parts_list]
+
+            async def publish() -> None:
+                for index in indexes:
+                    await self._blocking(self._publish_release, name, index)
+
+            self._loop.call_soon_threadsafe(self._track, publish(), "publishing a release")
+
+    async def _join_members(self, name: str, count: int) -> bool:
+        """Create the members topic (``count`` partitions at least), note who owns
+        what and subscribe; False (the lease given up) if that fails for
+        :attr:`connect_seconds`."""
+        failing_since: float | None = None
+        while not self._closed:
+            try:
+                await self._blocking(self.admin.ensure_partitions, name, count)
+                assert self._handover is not None
+                self._handover.start(await self._blocking(self.admin.owners, name, self.group))
+                self._lease = await self._blocking(self._subscribe_members, name)
+                return True
+            except Exception as exc:
+                line = exc.line() if isinstance(exc, RuntimeFailure) else repr(exc)
+                now = time.monotonic()
+                if failing_since is None:
+                    failing_since = now
+                    log.warning("joining the members of %s failed: %s; trying for %g s",
+                                name, line, self.connect_seconds)  # fmt: skip
+                elif now - failing_since >= self.connect_seconds:
+                    self._give_up_lease(f"joining {name}: {line}")
+                    return False
+            await asyncio.sleep(STANDBY_POLL)
+        return False
+
+    async def _hold_share(self, parts: list[KafkaTP]) -> None:
+        """Join the members topic, then every :data:`POLL` s read who owns which
+        partition and hand the changes to the runtime (:class:`Handover` decides),
+        until :meth:`close`. While the subscription is disconnected or the owners
+        cannot be read, nothing is handed out (another member may own a partition
+        now); for :attr:`lease_grace` s, the member stops, as with the exclusive lease."""
+        topic = parts[0].topic
+        name = self._members_name = members_topic(self.group, topic)
+        self._parts_list = [(p.topic, p.partition) for p in parts]
+        self._handover = handover = Handover(self.member, len(parts))
+        if not await self._join_members(name, len(parts)):
+            return
+        standby: bool | None = None
+        down_since: float | None = None
+        while not self._closed:
+            try:  # releases first: one read before the owners was published after their change
+                heard = await self._blocking(self._drain_releases)
+                owners = await self._blocking(self.admin.owners, name, self.group)
+                problem = None if self._lease.is_connected() else "its subscription is disconnected"
+            except Exception as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+            if self._closed:
+                return
+            if problem is not None:
+                down_since = self._in_doubt(down_since, "share", problem)
+                if self._lease_lost:
+                    return
+                await asyncio.sleep(POLL)
+                continue
+            if down_since is not None:
+                log.info("the Pulsar share of %s is back", self._lease_key)
+                down_since = None
+            handover.hear(heard)
+            change = handover.observe(owners, time.monotonic())
+            gained = [self._parts_list[i] for i in change.gained]
+            lost = [self._parts_list[i] for i in change.lost]
+            if lost:
+                log.info("partitions %s of group %s moved to other members; letting go",
+                         _tp_names(lost), self.group)  # fmt: skip
+                with self._cond:
+                    self._releasing.update(lost)
+            if gained:
+                log.info("took partitions %s of group %s", _tp_names(gained), self.group)
+            if gained or lost:
+                never_had = self._change_assignment(gained, lost)
+                if never_had:  # nothing to revoke: released now
+                    self._released(never_had)
+            idle = not handover.held and not handover.waiting
+            if idle and standby is not True:
+                log.warning(
+                    "group %s on topic %s: every partition is held by other members; "
+                    "waiting as a standby (it takes over partitions as members leave)",
+                    self.group, topic,
+                )  # fmt: skip
+            elif handover.waiting and standby is not False:
+                log.info("waiting up to %g s for the release of partitions %s by their owners",
+                         HANDOVER_WAIT, _tp_names(self._parts_list[i] for i in handover.waiting))
+            standby = idle
+            with self._cond:
+                self._lease_until = math.inf
+                self._cond.notify_all()
+            await asyncio.sleep(POLL)
+
+    def _in_doubt(self, since: float | None, what: str, why: str) -> float:
+        """The member's hold (``what``: its lease, its share) is in doubt since
+        ``since`` (``None``: from now on, logged) for ``why``: nothing is handed out
+        (another member may hold its partitions now); after :attr:`lease_grace` s it
+        is lost (the next :meth:`consume` raises). The time it is in doubt since."""
+        now = time.monotonic()
+        if since is None:
+            log.warning(
+                "the Pulsar %s %s is in doubt (%s); handing nothing out until it is back "
+                "(%g s at most)", what, self._lease_key, why, self.lease_grace,
+            )  # fmt: skip
+            with self._cond:
+                self._lease_until = 0.0
+            return now
+        if now - since >= self.lease_grace:
+            log.warning("the Pulsar %s %s was lost: in doubt for %g s",
+                        what, self._lease_key, self.lease_grace)  # fmt: skip
+            with self._cond:
+                self._lease_lost = True
+                self._lease_until = 0.0
+                self._cond.notify_all()
+        return since
 
     async def _watermarks_of(self, tp: TP) -> tuple[int, int]:
         marks = await self._blocking(self.admin.watermarks, *tp)
@@ -1140,7 +1359,7 @@ class PulsarConsumer(PumpedConsumer):
         if self._commit_lock is not None:  # the commits asked for before close are stored
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._commit_lock.acquire(), 5)
-        for closable in (self._commit_producer, self._lease):
+        for closable in (self._commit_producer, *self._release_producers.values(), self._lease):
             if closable is not None:  # a standby takes the lease over at once
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._blocking(closable.close), 5)
@@ -1148,6 +1367,10 @@ class PulsarConsumer(PumpedConsumer):
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._blocking(client.close), 5)
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _tp_names(tps: Iterable[TP]) -> str:
+    return ", ".join(f"{t}/{p}" for t, p in tps)
 
 
 def _settle(done: asyncio.Future[Any], result: Any) -> None:

@@ -16,7 +16,11 @@ their outcome is reported through ``on_commit(err, parts)`` inside a later
 ``consume``, as confluent-kafka does. One member holds the group's *lease*
 (:meth:`_hold_lease`): until it does, nothing is assigned; while it is in
 doubt (``_lease_until`` passed), nothing is handed out; once lost,
-``consume`` raises.
+``consume`` raises. A source that shares a topic's partitions between members
+calls :meth:`_change_assignment` as its membership moves them: a partition lost
+goes to ``on_revoke`` at the start of the next ``consume`` (before anything is
+handed out, and before any ``on_assign``), and :meth:`_released` hears when the
+runtime let go of it.
 
 A subclass supplies the source's own parts: ``SOURCE`` and ``OPTION`` (names in
 messages), :meth:`_stream` and :meth:`_check_topic`, :meth:`partitions`,
@@ -210,6 +214,7 @@ class PumpedConsumer:
         self._acks: deque[tuple[Any, list[KafkaTP]]] = deque()
         self._callbacks: tuple[RebalanceCallback | None, ...] = (None, None, None)
         self._to_assign: list[KafkaTP] | None = None
+        self._to_revoke: list[KafkaTP] | None = None
         self._watermarks: dict[TP, tuple[int, int]] = {}
         self._rotate = 0
         self._closed = False
@@ -336,7 +341,12 @@ class PumpedConsumer:
         deadline = None if timeout < 0 else time.monotonic() + timeout
         with self._cond:
             while not self._closed:
-                if self._acks or self._to_assign is not None or self._lease_lost:
+                if (
+                    self._acks
+                    or self._to_assign is not None
+                    or self._to_revoke is not None
+                    or self._lease_lost
+                ):
                     break
                 if time.monotonic() < self._lease_until and any(
                     p.buffer and not p.paused for p in self._parts.values()
@@ -352,6 +362,14 @@ class PumpedConsumer:
     def _callbacks_due(self) -> None:
         if self._lease_lost:
             raise self._lost_lease()
+        with self._cond:
+            gone, self._to_revoke = self._to_revoke, None
+        if gone is not None:
+            on_revoke = self._callbacks[1]
+            if on_revoke is not None:
+                on_revoke(self, gone)
+            else:
+                self.incremental_unassign(gone)
         with self._cond:
             parts = self._to_assign
             self._to_assign = None
@@ -421,6 +439,35 @@ class PumpedConsumer:
                     part.generation += 1
                     part.buffer.clear()
                     self._wake(part)
+        self._released([(p.topic, p.partition) for p in partitions])
+
+    def _released(self, tps: list[TP]) -> None:
+        """The runtime let go of ``tps`` (a source sharing partitions tells their
+        next owner); called on the caller's thread."""
+
+    def _change_assignment(self, gained: Sequence[TP], lost: Sequence[TP]) -> list[TP]:
+        """The membership moved partitions (client thread): ``lost`` ones are
+        revoked, then ``gained`` ones assigned, at the start of the next
+        :meth:`consume`. A partition lost before its assignment was delivered is
+        not assigned, nor revoked: those are returned (the runtime never had them).
+        One gained back before its revoke was delivered is revoked, then assigned."""
+        skipped: list[TP] = []
+        with self._cond:
+            if lost:
+                pending = self._to_assign or []
+                undelivered = {(p.topic, p.partition) for p in pending}
+                self._to_assign = [
+                    p for p in pending if (p.topic, p.partition) not in set(lost)
+                ] or None
+                for tp in lost:
+                    if tp in undelivered and tp not in self._parts:
+                        skipped.append(tp)
+                    else:
+                        self._to_revoke = [*(self._to_revoke or []), KafkaTP(*tp)]
+            if gained:
+                self._to_assign = [*(self._to_assign or []), *(KafkaTP(*tp) for tp in gained)]
+            self._cond.notify_all()
+        return skipped
 
     def pause(self, partitions: list[KafkaTP]) -> None:
         """Hand out nothing of ``partitions`` and stop fetching them."""
