@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from confluent_kafka import TopicPartition as KafkaTP
 
-from htmqc.errors import UsageError
+from htmqc.errors import RuntimeFailure, UsageError
 from htmqc.produce import parse_id
 from htmqc.sources.pulsar import PulsarClient, PulsarConsumer, endpoint_of, produce
 from htmqc.sources.pulsar_server import PulsarServer
@@ -52,15 +52,18 @@ class Member:
     a revoke commits what was handed out, synchronously, then lets go; it records
     when each assignment and revoke happened."""
 
-    def __init__(self, url: str, group: str, topic: str) -> None:
+    def __init__(self, url: str, group: str, topics: str | list[str]) -> None:
         self.consumer = PulsarConsumer(failover(url), group)
         self.got: list[Any] = []
         self.assigned: list[tuple[float, list[int]]] = []
         self.revoked: list[tuple[float, list[int]]] = []
-        self.consumer.subscribe([topic], on_assign=self._assign, on_revoke=self._revoke)
+        self.tps: set[tuple[str, int]] = set()
+        topics = [topics] if isinstance(topics, str) else topics
+        self.consumer.subscribe(topics, on_assign=self._assign, on_revoke=self._revoke)
 
     def _assign(self, consumer: Any, parts: list[KafkaTP]) -> None:
         self.assigned.append((time.monotonic(), sorted(p.partition for p in parts)))
+        self.tps |= {(p.topic, p.partition) for p in parts}
         consumer.incremental_assign(parts)  # at the group's commits
 
     def _revoke(self, consumer: Any, parts: list[KafkaTP]) -> None:
@@ -69,6 +72,10 @@ class Member:
             consumer.commit(offsets=done, asynchronous=False)
         consumer.incremental_unassign(parts)
         self.revoked.append((time.monotonic(), sorted(p.partition for p in parts)))
+        self.tps -= {(p.topic, p.partition) for p in parts}
+
+    def held_tps(self) -> set[tuple[str, int]]:
+        return set(self.tps)
 
     def held(self) -> set[int]:
         out: set[int] = set()
@@ -263,3 +270,53 @@ def test_a_frozen_member_loses_its_partitions_and_its_late_transaction_is_fenced
         assert "Traceback" not in text, text[-3000:]
         check_zombie_stored_nothing(pg, n, stalled_id, b.pid)
     check_traces("exactly-once", trace_a, trace_b)
+
+
+def test_a_member_whose_share_stays_in_doubt_stops(
+    pulsar_server: PulsarServer, client: PulsarClient, topic_name: Callable[[], str]
+) -> None:
+    """The broker goes away (restarted) under a member sharing a topic: its Failover
+    subscription is disconnected and its owners unreadable past the grace, so other
+    members may hold its partitions now: it stops, in one line."""
+    topic = topic_name()
+    produce(pulsar_server.bootstrap, topic, 10, partitions=2, client=client)
+    consumer = PulsarConsumer(failover(pulsar_server.bootstrap), "gd", lease_grace=1.0)
+    try:
+        consumer.subscribe([topic])
+        got: list[Any] = []
+        deadline = time.monotonic() + 20
+        while len(got) < 10 and time.monotonic() < deadline:
+            got += consumer.consume(100, 0.2)
+        assert len(got) == 10
+        pulsar_server.restart()
+        with pytest.raises(RuntimeFailure, match=r"share of group 'gd' .* was lost") as info:
+            for _ in range(100):
+                consumer.consume(100, 0.1)
+        assert "\n" not in info.value.line() and "joins the group again" in info.value.line()
+    finally:
+        consumer.close()
+
+
+def test_the_members_topic_grows_with_a_retry_topic_and_extra_partitions_are_ignored(
+    pulsar_server: PulsarServer, client: PulsarClient, topic_name: Callable[[], str]
+) -> None:
+    """A run with ``--retry-topic`` reads one partition more than one without: the
+    members topic grows to it (Pulsar cannot shrink a topic, so a later run without
+    the retry topic ignores the extra partition)."""
+    from htmqc.sources.pulsar import members_topic
+
+    url, topic, group = pulsar_server.bootstrap, topic_name(), f"g{uuid.uuid4().hex[:6]}"
+    produce(url, topic, 4, partitions=2, client=client)
+    retry = client.create_retry_topic(topic)
+    for topics, want in (([topic], 2), ([topic, retry], 3), ([topic], 2)):
+        member = Member(url, group, topics)
+        try:
+            deadline = time.monotonic() + 20
+            while len(member.held_tps()) < want and time.monotonic() < deadline:
+                member.poll()
+            assert sorted(member.held_tps()) == sorted(
+                (t, p) for t in topics for p in range(2 if t == topic else 1)
+            )
+        finally:
+            member.consumer.close()
+    assert client.partitions(members_topic(group, topic)) == 3

@@ -926,6 +926,13 @@ class PulsarConsumer(PumpedConsumer):
                 "check the broker's admin API, and that this role may create topics and "
                 "subscribe in the topic's namespace",
             )
+        if self.endpoint.subscription == "failover":
+            return RuntimeFailure(
+                f"the Pulsar share of group {self.group!r} ({self._lease_key}) was lost: its "
+                f"Failover subscription was disconnected, or its owners unreadable, for "
+                f"{self.lease_grace:g} s, so other members may hold its partitions now",
+                "restart this member: it joins the group again",
+            )
         return RuntimeFailure(
             f"the Pulsar lease of group {self.group!r} ({self._lease_key}) was lost: its "
             f"Exclusive subscription stayed disconnected for {self.lease_grace:g} s, so "
@@ -1210,7 +1217,8 @@ class PulsarConsumer(PumpedConsumer):
         self._handover = handover = Handover(self.member, len(parts))
         if not await self._join_members(name, len(parts)):
             return
-        standby: bool | None = None
+        standby = False
+        awaited: set[int] = set()  # the waits already logged
         down_since: float | None = None
         while not self._closed:
             try:  # releases first: one read before the owners was published after their change
@@ -1246,16 +1254,17 @@ class PulsarConsumer(PumpedConsumer):
                 if never_had:  # nothing to revoke: released now
                     self._released(never_had)
             idle = not handover.held and not handover.waiting
-            if idle and standby is not True:
+            if idle and not standby:
                 log.warning(
                     "group %s on topic %s: every partition is held by other members; "
                     "waiting as a standby (it takes over partitions as members leave)",
                     self.group, topic,
                 )  # fmt: skip
-            elif handover.waiting and standby is not False:
+            standby = idle
+            if set(handover.waiting) - awaited:
                 log.info("waiting up to %g s for the release of partitions %s by their owners",
                          HANDOVER_WAIT, _tp_names(self._parts_list[i] for i in handover.waiting))
-            standby = idle
+            awaited = set(handover.waiting)
             with self._cond:
                 self._lease_until = math.inf
                 self._cond.notify_all()
