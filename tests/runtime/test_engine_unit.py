@@ -130,6 +130,44 @@ def test_revoke_waits_for_running_work_then_commits_the_watermark() -> None:
     assert engine.core.epoch((TOPIC, 0)) is None
 
 
+def test_a_revoke_waits_for_its_partitions_work_not_for_the_others() -> None:
+    """Partition 1's handler is stuck; partition 0 is revoked: the revoke waits for
+    partition 0's work only (its lanes are other lanes than the stuck one), commits
+    it and lets go at once, not after ``--shutdown-seconds``."""
+    workers = 4
+    stuck_key = b"stuck"
+    keys = [k for k in (f"k{i}".encode() for i in range(200))
+            if hash(k) % workers != hash(stuck_key) % workers][:10]  # fmt: skip
+    logs = {
+        (TOPIC, 0): [(keys[i % len(keys)], f"0:{i}".encode()) for i in range(40)],
+        (TOPIC, 1): [(stuck_key, f"1:{i}".encode()) for i in range(5)],
+    }
+    consumer = FakeConsumer.from_logs(logs)
+    gate, blocked = threading.Event(), threading.Event()
+
+    def handler(msg: Any) -> None:
+        if msg.partition() == 1:
+            blocked.set()
+            gate.wait(20)
+
+    engine = engine_for(handler, consumer, workers=workers, batch_size=50, shutdown_seconds=8)
+    thread = run_in_thread(engine)
+    try:
+        assert blocked.wait(5)
+        began = time.monotonic()
+        consumer.rebalance("revoke", [(TOPIC, 0)])
+        while time.monotonic() - began < 10 and (TOPIC, 0) in consumer.positions:
+            time.sleep(0.01)
+        took = time.monotonic() - began
+        assert (TOPIC, 0) not in consumer.positions
+        assert took < 2, f"the revoke waited {took:.1f} s for another partition's work"
+        assert consumer.commits[(TOPIC, 0)][0] == 40
+    finally:
+        gate.set()
+        engine.stop()
+        thread.join(10)
+
+
 def test_completions_after_revoke_are_ignored_and_nothing_unfinished_is_committed() -> None:
     consumer = FakeConsumer.from_logs(make_logs(TOPIC, 1, 5, keys=5))
     gate = threading.Event()

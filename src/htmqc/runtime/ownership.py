@@ -21,16 +21,17 @@ claim's answer counts only if it is the partition's latest), the claims
 deferred while the sink is away or a doomed transaction is being rolled back,
 and seeks librdkafka refused (tried again each turn).
 
-Revoke (``on_revoke``): ``revoking`` (nothing new starts), wait until the
-workers reached a barrier behind all work sent so far, at most
+Revoke (``on_revoke``): ``revoking`` (nothing new starts), wait until every
+message of the revoked partitions handed out has finished (or the workers
+reached a barrier behind all work sent so far), at most
 ``--shutdown-seconds``; end the partitions' leases (work still queued does not
 start; a handler still running is abandoned, see
 :mod:`htmqc.runtime.workers`); commit what is finished (at-least-once: the
 watermark, synchronously; exactly-once: the open transaction, fenced); then
-``revoked``. Exactly-once, if the transaction cannot be committed in time
-(the worker is stuck in a handler), it is doomed and every partition is
-re-read from the sink. Lost (``on_lost``): the same without waiting, and no
-Kafka commit (exactly-once still tries the fenced sink commit, which the sink
+``revoked``. Exactly-once, if the transaction cannot be committed in time (the
+worker is stuck in a handler), it is doomed and every partition is re-read
+from the sink. Lost (``on_lost``): the same without waiting, and no Kafka
+commit (exactly-once still tries the fenced sink commit, which the sink
 rejects if the partition moved).
 """
 
@@ -400,7 +401,14 @@ class Ownership:
                 e.core.revoking(tp)
         if not lost:
             barrier = e.workers.barrier()
-            if not e.await_(lambda: barrier.done, deadline):
+            mine = [lease for tp in tps if (lease := self.leases.get(tp)) is not None]
+
+            def finished() -> bool:
+                # Every message of these partitions handed out has finished: the work
+                # queued behind them for partitions that stay is not waited for.
+                return barrier.done or all(lease.count == 0 for lease in mine)
+
+            if not e.await_(finished, deadline):
                 log.warning(
                     "running work did not finish in %.1f s; abandoning it",
                     e.options.shutdown_seconds,
