@@ -604,3 +604,35 @@ def test_idle_exit_counts_from_the_end_of_a_slow_claim(tmp_path: Path) -> None:
     consumer.on_commit = engine.on_commit
     engine.run(install_signals=False)
     assert engine.stats.finished == 40
+
+
+def test_the_sink_is_closed_even_when_a_handler_outlives_the_shutdown(tmp_path: Path) -> None:
+    """Exactly-once, a handler still running at the shutdown's deadline is abandoned;
+    once it returns, the transaction worker rolls its transaction back and closes the
+    sink's connection (it used to be closed only when the worker was idle at the end,
+    so an abandoned call left the connection open until the garbage collector
+    found it: a ResourceWarning with PostgreSQL)."""
+    release, running = threading.Event(), threading.Event()
+
+    def handler(msg: Any, tx: Any) -> None:
+        if msg.offset() == 3:
+            running.set()
+            release.wait(10)
+
+    consumer = FakeConsumer.from_logs(make_logs(TOPIC, 1, 5, keys=1))
+    engine = engine_in("exactly-once", tmp_path, handler, consumer, shutdown_seconds=0.2)
+    thread = run_in_thread(engine)
+    try:
+        assert running.wait(5)
+        engine.stop()
+        thread.join(10)
+        assert not thread.is_alive()
+        sink = engine.sink
+        assert sink is not None
+        release.set()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and sink._conn is not None:  # type: ignore[attr-defined]
+            time.sleep(0.01)
+        assert sink._conn is None, "the sink's connection was left open"  # type: ignore[attr-defined]
+    finally:
+        release.set()

@@ -801,9 +801,13 @@ class Engine:
         self.consumer.close()
         if self.eo is not None:
             self.alo.drain_acks(self.core)  # lag commits answered during close: counted
-        if self.eo is not None and self.workers.idle:
+        if self.eo is not None:
+            # Idle: closed now. A call still running (abandoned): not waited for; the
+            # worker rolls its transaction back and closes the sink when it returns.
+            idle = self.workers.idle
             self.eo.worker.request(("close",))
-            self.await_(lambda: self.workers.idle, time.monotonic() + 1.0)
+            if idle:
+                self.await_(lambda: self.workers.idle, time.monotonic() + 1.0)
         if isinstance(self.core, TracingCore):
             self.core.close()
 

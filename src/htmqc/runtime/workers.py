@@ -464,8 +464,13 @@ class TransactionWorker(Workers):
         self.send(0, ("wake",))
 
     def stop(self) -> None:
-        """Give up reconnecting (shutdown)."""
+        """Shutdown: give up reconnecting, and roll back instead of committing from
+        now on: a ``commit_due`` asked (or still to be asked, for a commit requested
+        while an abandoned call ran) gets ``None``, since the loop that would answer
+        it is gone. So the worker gets to the ``close`` behind it and closes the sink
+        once the abandoned call returns."""
         self._stop.set()
+        self._answers.put(None)
 
     def submit(self, lease: Lease, msgs: Sequence[Any], known: tuple[list[int], int]) -> None:
         self.send(0, ("run", lease, msgs))
