@@ -51,6 +51,16 @@ def run_in_thread(engine: Engine) -> threading.Thread:
     return t
 
 
+def revoke(consumer: FakeConsumer, tp: tuple[str, int] = (TOPIC, 0)) -> float:
+    """Revoke ``tp`` at the engine's next poll; the seconds until it let ``tp`` go."""
+    began = time.monotonic()
+    consumer.rebalance("revoke", [tp])
+    while time.monotonic() - began < 10 and tp in consumer.positions:
+        time.sleep(0.01)
+    assert tp not in consumer.positions, "the revoke did not end in 10 s"
+    return time.monotonic() - began
+
+
 def test_per_key_order_under_parallel_workers() -> None:
     consumer = FakeConsumer.from_logs(make_logs(TOPIC, 2, 400, keys=7))
     seen: dict[tuple[int, bytes], list[int]] = defaultdict(list)
@@ -109,24 +119,29 @@ def test_max_in_flight_pauses_and_resumes() -> None:
 
 
 def test_revoke_waits_for_running_work_then_commits_the_watermark() -> None:
+    """Four lanes, 20 messages of 20 keys handed out: the revoke lets the calls
+    running finish and starts no other; what finished is committed up to the first
+    offset that did not run, and nothing of the partition runs after it."""
     consumer = FakeConsumer.from_logs(make_logs(TOPIC, 1, 20, keys=20))
     started = threading.Event()
+    ran: list[int] = []
 
     def handler(msg: Any) -> None:
+        ran.append(msg.offset())
         started.set()
         time.sleep(0.02)
 
     engine = engine_for(handler, consumer, workers=4, batch_size=20, shutdown_seconds=5)
     thread = run_in_thread(engine)
     assert started.wait(5)
-    consumer.rebalance("revoke", [(TOPIC, 0)])
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and (TOPIC, 0) in consumer.positions:
-        time.sleep(0.01)
+    revoke(consumer)
+    at_revoke = sorted(ran)
+    time.sleep(0.1)
     engine.stop()
     thread.join(10)
-    # every message was running or queued when the revoke came; all finished, then committed
-    assert consumer.commits[(TOPIC, 0)][0] == 20
+    assert sorted(ran) == at_revoke, "a call of the revoked partition started after it"
+    first_not_run = next(i for i in range(21) if i not in ran)
+    assert consumer.commits[(TOPIC, 0)][0] == first_not_run
     assert engine.core.epoch((TOPIC, 0)) is None
 
 
@@ -144,26 +159,69 @@ def test_a_revoke_waits_for_its_partitions_work_not_for_the_others() -> None:
     }
     consumer = FakeConsumer.from_logs(logs)
     gate, blocked = threading.Event(), threading.Event()
+    ran: set[int] = set()
 
     def handler(msg: Any) -> None:
         if msg.partition() == 1:
             blocked.set()
             gate.wait(20)
+        else:
+            ran.add(msg.offset())
 
     engine = engine_for(handler, consumer, workers=workers, batch_size=50, shutdown_seconds=8)
     thread = run_in_thread(engine)
     try:
         assert blocked.wait(5)
-        began = time.monotonic()
-        consumer.rebalance("revoke", [(TOPIC, 0)])
-        while time.monotonic() - began < 10 and (TOPIC, 0) in consumer.positions:
-            time.sleep(0.01)
-        took = time.monotonic() - began
-        assert (TOPIC, 0) not in consumer.positions
+        took = revoke(consumer)
         assert took < 2, f"the revoke waited {took:.1f} s for another partition's work"
-        assert consumer.commits[(TOPIC, 0)][0] == 40
+        # What finished is committed (what was still queued, if any, was dropped).
+        first_not_run = next(i for i in range(41) if i not in ran)
+        assert consumer.commits[(TOPIC, 0)][0] == first_not_run
     finally:
         gate.set()
+        engine.stop()
+        thread.join(10)
+
+
+@pytest.mark.parametrize("mode", ["at-least-once", "exactly-once"])
+def test_a_revoke_waits_for_the_running_call_only_and_the_rest_runs_once_later(
+    mode: str, tmp_path: Path
+) -> None:
+    """One worker, a handler taking 1 s, 30 messages of one partition handed out: the
+    revoke ends the partition's lease at once, so the call running finishes and the
+    ones queued behind it never start. The revoke takes about one call (it used to
+    wait for the whole queue, cut at ``--shutdown-seconds``: 8 s) and commits the call
+    that finished; assigned again, the partition goes on from there: every message
+    runs exactly once."""
+    slow, started = threading.Event(), threading.Event()
+    slow.set()
+    calls: list[int] = []
+
+    def handler(msg: Any, *tx: Any) -> None:
+        calls.append(msg.offset())
+        started.set()
+        if slow.is_set():
+            time.sleep(1.0)
+
+    consumer = FakeConsumer.from_logs(make_logs(TOPIC, 1, 30, keys=1))
+    engine = engine_in(mode, tmp_path, handler, consumer, workers=1, batch_size=50,
+                       shutdown_seconds=8, max_messages=30)  # fmt: skip
+    thread = run_in_thread(engine)
+    try:
+        assert started.wait(5)
+        time.sleep(0.3)
+        took = revoke(consumer)
+        assert took < 2.5, f"the revoke waited {took:.1f} s for work that had not started"
+        assert calls == [0], "a call of a revoked partition started during its revoke"
+        slow.clear()
+        consumer.rebalance("assign", [(TOPIC, 0)])
+        thread.join(20)
+        assert not thread.is_alive()
+        assert calls == list(range(30)), "lost, or run twice, across the revoke"
+        if mode == "at-least-once":
+            assert consumer.commits[(TOPIC, 0)][0] == 30
+    finally:
+        slow.clear()
         engine.stop()
         thread.join(10)
 

@@ -12,6 +12,7 @@ import sqlite3
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -324,6 +325,27 @@ def check_cli_refusal(source: str, bootstrap: str, said: str, secret: str, tmp_p
     last = text.strip().splitlines()[-1]
     assert last.startswith("htmqc: error: ") and said in last, text
     assert "Traceback" not in text and secret not in text, text
+
+
+@dataclass(frozen=True)
+class ZombieFiles:
+    """The files of a zombie test in ``tmp``: the stall ``flag`` (created: the member
+    stalls while it exists), the ``marker`` the stalled handler writes (its message
+    id and pid), and the logs and traces of members A and B."""
+
+    flag: Path
+    marker: Path
+    log_a: Path
+    log_b: Path
+    trace_a: Path
+    trace_b: Path
+
+    @classmethod
+    def under(cls, tmp: Path) -> ZombieFiles:
+        flag = tmp / "stall"
+        flag.touch()
+        return cls(flag, Path(f"{flag}.stalled"), tmp / "a.log", tmp / "b.log",
+                   tmp / "a.trace", tmp / "b.trace")  # fmt: skip
 
 
 def stalling_member(

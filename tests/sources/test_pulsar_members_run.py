@@ -33,6 +33,7 @@ from tests.runtime.test_modes_broker import kill, kill_left, pg_tables
 from tests.runtime.test_run_broker import finish, htmqc_run, wait_for
 from tests.sources.support import (
     HANDLERS,
+    ZombieFiles,
     check_traces,
     check_zombie_stored_nothing,
     stalling_member,
@@ -236,11 +237,9 @@ def test_a_frozen_member_loses_its_partitions_and_its_late_transaction_is_fenced
     topic, n, stall_at = topic_name(), 2000, 600
     url, group = failover(pulsar_server.bootstrap), f"g-frozen-{uuid.uuid4().hex[:6]}"
     produce(pulsar_server.bootstrap, topic, n, partitions=2, client=client)
-    flag = tmp_path / "stall"
-    marker = Path(f"{flag}.stalled")
-    flag.touch()
-    log_a, log_b = tmp_path / "a.log", tmp_path / "b.log"
-    trace_a, trace_b = tmp_path / "a.trace", tmp_path / "b.trace"
+    files = ZombieFiles.under(tmp_path)
+    flag, marker = files.flag, files.marker
+    log_a, log_b, trace_a, trace_b = files.log_a, files.log_b, files.trace_a, files.trace_b
     with pg_tables() as pg:
         args, env = stalling_member("pulsar", group, pg, flag, stall_at, "--idle-exit", "20")
         a = htmqc_run(url, topic, *args, *traced(trace_a), env=env, log=log_a)

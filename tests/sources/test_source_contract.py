@@ -33,6 +33,7 @@ from tests.runtime.test_modes_broker import audit_sigkill_restart, kill, kill_le
 from tests.runtime.test_run_broker import finish, htmqc_run, wait_for
 from tests.sources.support import (
     HANDLERS,
+    ZombieFiles,
     assign_at,
     check_commits,
     check_exactly_once_across_sigkill,
@@ -164,11 +165,9 @@ def test_a_frozen_member_whose_lease_is_taken_over_stores_nothing_late(
     url, topic, n, stall_at = source.url, topic_name(), 3000, 800
     group = f"g-zombie-{uuid.uuid4().hex[:6]}"
     source.produce(topic, n, 2)
-    flag = tmp_path / "stall"
-    marker = Path(f"{flag}.stalled")
-    flag.touch()
-    log_a, log_b = tmp_path / "a.log", tmp_path / "b.log"
-    trace_a, trace_b = tmp_path / "a.trace", tmp_path / "b.trace"
+    files = ZombieFiles.under(tmp_path)
+    flag, marker = files.flag, files.marker
+    log_a, log_b, trace_a, trace_b = files.log_a, files.log_b, files.trace_a, files.trace_b
     with pg_tables() as pg:
         args, env = stalling_member(source.name, group, pg, flag, stall_at)
         a = htmqc_run(url, topic, *args, *traced(trace_a), env=env, log=log_a)

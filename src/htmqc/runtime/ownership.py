@@ -21,12 +21,12 @@ claim's answer counts only if it is the partition's latest), the claims
 deferred while the sink is away or a doomed transaction is being rolled back,
 and seeks librdkafka refused (tried again each turn).
 
-Revoke (``on_revoke``): ``revoking`` (nothing new starts), wait until every
-message of the revoked partitions handed out has finished (or the workers
-reached a barrier behind all work sent so far), at most
-``--shutdown-seconds``; end the partitions' leases (work still queued does not
-start; a handler still running is abandoned, see
-:mod:`htmqc.runtime.workers`); commit what is finished (at-least-once: the
+Revoke (``on_revoke``): ``revoking``; end the partitions' leases (no call of
+theirs starts; the messages queued for them are dropped unrun: never
+committed, the next owner reads them); wait for the calls of theirs still
+running, at most ``--shutdown-seconds`` (a handler still running then is
+abandoned, see :mod:`htmqc.runtime.workers`), not for the work of the
+partitions kept; commit what is finished (at-least-once: the
 watermark, synchronously; exactly-once: the open transaction, fenced); then
 ``revoked``. Exactly-once, if the transaction cannot be committed in time (the
 worker is stuck in a handler), it is doomed and every partition is re-read
@@ -399,25 +399,16 @@ class Ownership:
                 self.do(self.gate.revoking(leaving))
             for tp in tps:
                 e.core.revoking(tp)
-        if not lost:
-            barrier = e.workers.barrier()
             mine = [lease for tp in tps if (lease := self.leases.get(tp)) is not None]
-
-            def finished() -> bool:
-                # Every message of these partitions handed out has finished: the work
-                # queued behind them for partitions that stay is not waited for.
-                return barrier.done or all(lease.count == 0 for lease in mine)
-
-            if not e.await_(finished, deadline):
-                log.warning(
-                    "running work did not finish in %.1f s; abandoning it",
-                    e.options.shutdown_seconds,
-                )
+            for lease in mine:
+                lease.end()  # no call of theirs starts: the queued ones are the next owner's
+        # The calls running for these partitions, not the work of the others.
+        if not lost and not e.await_(lambda: not e.workers.running(mine), deadline):
+            log.warning(
+                "running work did not finish in %.1f s; abandoning it", e.options.shutdown_seconds
+            )
         with e.lock:
-            for tp in tps:
-                lease = self.leases.get(tp)
-                if lease is not None:
-                    lease.end()  # nothing more starts
+            e.serve()  # what the last calls reported before they ended
         if e.eo is not None:
             if not e.eo.commit_now(deadline):
                 self.doom()

@@ -43,9 +43,12 @@ the transaction and commits, and reports ``committed`` (the poll thread then
 acks) or ``fenced``. So the payload covers exactly the effects in the
 transaction: nothing else can finish while the worker waits.
 
-Abandoned work. When the loop gives up on running work (a revoke or shutdown
-past ``--shutdown-seconds``), it ends the leases (no new call starts) and lets
-the partition go. A handler still running is abandoned: at-least-once, its late
+Abandoned work. A revoke or a shutdown first ends the leases it lets go: no
+call of theirs starts from then on, and what is queued for them is dropped
+unrun (the next owner reads it again: it was never committed). It then waits
+for the calls running (:meth:`Workers.running`; a shutdown: every worker's
+barrier), at most ``--shutdown-seconds``, and lets the partitions go. A
+handler still running then is abandoned: at-least-once, its late
 report carries a stale epoch and the core ignores it. Exactly-once, the open
 transaction may hold effects of the partition that was let go, whose position
 the core no longer has; the loop *dooms* it (:meth:`TransactionWorker.doom`):
@@ -134,6 +137,17 @@ class Barrier:
         return self._left <= 0
 
 
+def _touches(command: tuple[Any, ...], leases: Sequence[Lease]) -> bool:
+    """Whether ``command`` works under one of ``leases``: its second item is its
+    lease, or (``runs``) a list of ``(lease, messages)``."""
+    arg = command[1] if len(command) > 1 else None
+    if isinstance(arg, Lease):
+        return any(arg is lease for lease in leases)
+    if isinstance(arg, list):
+        return any(run[0] is lease for run in arg for lease in leases)
+    return False
+
+
 class _ReportTo:
     """A lane's :class:`~htmqc.runtime.lanes.Report`: onto the report queue."""
 
@@ -160,6 +174,8 @@ class Workers(ABC):
         self._inbox: list[queue.SimpleQueue[tuple[Any, ...] | None]] = [
             queue.SimpleQueue() for _ in range(count)
         ]
+        #: The command each worker is carrying out (None: between commands).
+        self._current: list[tuple[Any, ...] | None] = [None] * count
         self._threads = [
             threading.Thread(target=self._serve, args=(i,), name=f"{name}-{i}", daemon=True)
             for i in range(count)
@@ -187,6 +203,12 @@ class Workers(ABC):
         for i in range(len(self._inbox)):
             self.send(i, ("mark", barrier))
         return barrier
+
+    def running(self, leases: Sequence[Lease]) -> bool:
+        """Whether a worker is carrying out a command under one of ``leases``: a
+        handler call of theirs may be running. Once the leases ended, a command of
+        theirs that starts later calls no handler (module docs, abandoned work)."""
+        return any(c is not None and _touches(c, leases) for c in self._current)
 
     @property
     def idle(self) -> bool:
@@ -250,10 +272,12 @@ class Workers(ABC):
                 if command[0] == "mark":
                     command[1].arrive()
                 else:
+                    self._current[index] = command
                     self.handle(index, command)
             except BaseException as exc:  # a bug or a misuse: the run stops, in one line
                 self.report(("fatal", exc))
             finally:
+                self._current[index] = None
                 with self.changed:
                     self._outstanding -= 1
                     self.changed.notify_all()

@@ -364,25 +364,29 @@ class PumpedConsumer:
             raise self._lost_lease()
         with self._cond:
             gone, self._to_revoke = self._to_revoke, None
-        if gone is not None:
-            on_revoke = self._callbacks[1]
-            if on_revoke is not None:
-                on_revoke(self, gone)
-            else:
-                self.incremental_unassign(gone)
+        self._deliver(gone, self._callbacks[1], self.incremental_unassign)
         with self._cond:
-            parts = self._to_assign
-            self._to_assign = None
-        if parts is not None:
-            on_assign = self._callbacks[0]
-            if on_assign is not None:
-                on_assign(self, parts)
-            else:
-                self.incremental_assign(parts)
+            parts, self._to_assign = self._to_assign, None
+        self._deliver(parts, self._callbacks[0], self.incremental_assign)
         while self._acks:
             err, parts = self._acks.popleft()
             if self.on_commit is not None:
                 self.on_commit(err, parts)
+
+    def _deliver(
+        self,
+        parts: list[KafkaTP] | None,
+        callback: RebalanceCallback | None,
+        default: Callable[[list[KafkaTP]], None],
+    ) -> None:
+        """Hand an assignment change to the runtime's callback, as librdkafka
+        does, or apply it directly when none was given to ``subscribe``."""
+        if parts is None:
+            return
+        if callback is not None:
+            callback(self, parts)
+        else:
+            default(parts)
 
     def _take(self, num: int) -> list[Any]:
         out: list[Any] = []
@@ -456,8 +460,9 @@ class PumpedConsumer:
             if lost:
                 pending = self._to_assign or []
                 undelivered = {(p.topic, p.partition) for p in pending}
+                gone = set(lost)
                 self._to_assign = [
-                    p for p in pending if (p.topic, p.partition) not in set(lost)
+                    p for p in pending if (p.topic, p.partition) not in gone
                 ] or None
                 for tp in lost:
                     if tp in undelivered and tp not in self._parts:
