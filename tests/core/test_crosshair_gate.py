@@ -35,6 +35,11 @@ FOUND = {
     "finished_above_no_held": 2 * 1.0,
     "consumer_ignores_epoch": 2 * 1.0,
 }
+#: A miss is tried again at 4 and 16 times the budget: what a step costs on a box
+#: shared with a mutation run or a CI worker varies past any fixed margin (a
+#: mutation run's baseline missed fetched_boundary at 2 s while tests ran beside
+#: it, 2026-11-28). The claim tested is that CrossHair finds the bug, not how fast.
+RETRIES = (1, 4, 16)
 
 
 @pytest.mark.parametrize("name", FOUND)
@@ -42,9 +47,12 @@ def test_crosshair_finds_the_bug_in_a_copy_of_the_real_core(name: str, tmp_path:
     mutant = BY_NAME[name]
     shutil.copytree(SRC / "htmqc", tmp_path / "htmqc", ignore=shutil.ignore_patterns("__pycache__"))
     path, line = mutant.apply(tmp_path)
-    result = check(f"{path}:{line}", per_condition_timeout=FOUND[name])
-    counterexamples = [f for f in result.findings if f.line > 0]  # line 0: CrossHair failed
-    assert counterexamples, f"CrossHair accepted {mutant.what}: {result.findings}"
+    for budget in (FOUND[name] * k for k in RETRIES):
+        result = check(f"{path}:{line}", per_condition_timeout=budget)
+        counterexamples = [f for f in result.findings if f.line > 0]  # line 0: CrossHair failed
+        if counterexamples:
+            break
+    assert counterexamples, f"CrossHair accepted {mutant.what} at {budget} s: {result.findings}"
 
 
 def test_crosshair_passes_the_offset_mapping() -> None:
