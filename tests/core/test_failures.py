@@ -12,7 +12,7 @@ whole observable state after every step.
 from __future__ import annotations
 
 import itertools
-from dataclasses import fields
+from dataclasses import fields, make_dataclass
 
 import pytest
 from hypothesis import given
@@ -31,6 +31,7 @@ from htmqc.core import (
     RetryPolicy,
     RetryTopic,
 )
+from htmqc.core import failures as failures_module
 from htmqc.core.failures import OTHERWISE, RULES, Facts, Later, decide
 from model_checks import reference_failures
 from model_checks.reference import ReferenceConsumer
@@ -374,3 +375,39 @@ class FailuresVersusReference(RuleBasedStateMachine):
 
 
 TestFailuresVersusReference = pytest.mark.formal(FailuresVersusReference.TestCase)
+
+
+# -- the import-time rules guard -----------------------------------------------
+
+
+#: Facts with one more field, so that seven rules can name them all.
+SevenFacts = make_dataclass(
+    "SevenFacts", [*((f.name, bool) for f in fields(Facts)), ("extra", bool)], frozen=True
+)
+
+
+#: Each way to break the rules: (what to patch, the guard's message).
+RULES_BREAKS: dict[str, tuple[dict[str, object], str]] = {
+    "a fact without a rule": ({"RULES": RULES[:-1]}, "name each of the facts"),
+    "a rule for no fact": ({"RULES": (*RULES, ("nothing", Later.HOLD))}, "name each of the facts"),
+    "a fact named twice": (
+        {"RULES": ((RULES[1][0], RULES[0][1]), *RULES[1:])}, "name each of the facts"
+    ),
+    "an outcome no rule reaches": (
+        {"RULES": (*RULES[:-1], (RULES[-1][0], OTHERWISE))}, "reachable by exactly one rule"
+    ),
+    "two rules with one outcome": (
+        {"Facts": SevenFacts, "RULES": (*RULES, ("extra", RULES[0][1]))}, "share an outcome"
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("broken", sorted(RULES_BREAKS))
+def test_the_rules_guard_refuses_broken_rules(broken: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The import-time guard refuses each way to break :data:`RULES`, by its own
+    check's message (the shipped rules pass: the module imported)."""
+    patches, says = RULES_BREAKS[broken]
+    for name, value in patches.items():
+        monkeypatch.setattr(failures_module, name, value)
+    with pytest.raises(AssertionError, match=says):
+        failures_module._check_rules()
