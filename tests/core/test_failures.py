@@ -396,6 +396,9 @@ RULES_BREAKS: dict[str, tuple[dict[str, object], str]] = {
     "an outcome no rule reaches": (
         {"RULES": (*RULES[:-1], (RULES[-1][0], OTHERWISE))}, "reachable by exactly one rule"
     ),
+    "an outcome that is no outcome": (
+        {"RULES": (*RULES[:-1], (RULES[-1][0], "nowhere"))}, "reachable by exactly one rule"
+    ),
     "two rules with one outcome": (
         {"Facts": SevenFacts, "RULES": (*RULES, ("extra", RULES[0][1]))}, "share an outcome"
     ),
