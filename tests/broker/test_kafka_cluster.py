@@ -173,12 +173,16 @@ def test_three_node_cluster_replicates_and_survives_faults(kafka3_broker: KafkaC
     create_topic(cluster.bootstrap, topic, 1)
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
 
-    def partitions() -> list[Any]:
-        # The node asked may not have the new topic's metadata yet (a loaded box).
-        return list(admin.list_topics(topic, timeout=10).topics[topic].partitions.values())
+    seen: list[Any] = []
 
-    wait_for(lambda: len(partitions()) == 1, 30, f"{topic}'s metadata on every node")
-    [partition] = partitions()
+    def one_partition() -> bool:
+        # The node asked may not have the new topic's metadata yet (a loaded box), and
+        # the next look-up may ask another node: keep the answer that had it.
+        seen[:] = admin.list_topics(topic, timeout=10).topics[topic].partitions.values()
+        return len(seen) == 1
+
+    wait_for(one_partition, 30, f"{topic}'s metadata")
+    [partition] = seen
     assert sorted(partition.replicas) == [1, 2, 3]  # the broker default: RF 3
     round_trip(cluster.bootstrap, topic)
     assert cluster.transaction_coordinator("t", timeout=30) in (1, 2, 3)
