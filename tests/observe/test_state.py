@@ -7,7 +7,7 @@ import threading
 
 from htmqc.core import ConsumerCore
 from htmqc.observe import SCHEMA_VERSION, StateSource, core_state
-from htmqc.observe.state import CoreStateSource
+from htmqc.observe.state import CoreStateSource, LastSnapshot
 from tests.observe.conftest import AUDIT_3, ORDERS_0, ORDERS_1, Scenario
 
 
@@ -62,6 +62,31 @@ def test_state_follows_the_core(scenario: Scenario) -> None:
     assert doc["orders/0"]["finished_above"] == [150]
     core.revoked(AUDIT_3)
     assert "audit.events/3" not in _by_name(scenario.source().state())
+
+
+def test_a_published_snapshot_is_a_copy_built_by_its_first_reader(scenario: Scenario) -> None:
+    """``publish`` copies the core under the lock; the document, built later by the
+    first reader (without the lock), shows the core as it was at ``publish``, and
+    later readers share it until the next ``publish``."""
+    source = scenario.source()
+    snapshot = LastSnapshot(source)
+    snapshot.publish()
+    then = source.state()
+    core, e = scenario.core, scenario.epochs[ORDERS_0]
+    core.succeeded(ORDERS_0, e, 130)  # the watermark moves...
+    core.revoked(AUDIT_3)  # ...and a partition goes, after the copy
+    built: list[dict] = []
+    with scenario.lock:  # built without the runtime's lock
+        reader = threading.Thread(target=lambda: built.append(snapshot.state()), daemon=True)
+        reader.start()
+        reader.join(2)
+    [doc] = built
+    assert doc["partitions"] == then["partitions"]
+    assert snapshot.state() is doc
+    snapshot.publish()
+    now = _by_name(snapshot.state())
+    assert now["orders/0"]["in_flight_count"] == _by_name(then)["orders/0"]["in_flight_count"] - 1
+    assert "audit.events/3" not in now
 
 
 def test_lists_are_capped_but_counts_exact() -> None:

@@ -71,7 +71,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from htmqc.core import ConsumerCore, TopicPartition
+from htmqc.core import ConsumerCore, MessageState, TopicPartition
 from htmqc.core.flow import FlowWindow
 
 #: Version of the document layout above; bumped on incompatible changes.
@@ -112,7 +112,18 @@ def health_state(live: tuple[bool, str], ready: tuple[bool, str]) -> dict[str, A
     }
 
 
-def core_state(
+def core_state(core: ConsumerCore, **options: Any) -> dict[str, Any]:
+    """The state document (module docs) of ``core`` now: :func:`core_capture`'s
+    document, built at once (the same arguments). Reads ``core`` only; the caller
+    must keep it still meanwhile (hold the runtime's lock)."""
+    return core_capture(core, **options)()
+
+
+#: ``MessageState.value`` by state (the enum's ``value`` is a Python-level descriptor).
+_STATE_NAMES = {state: state.value for state in MessageState}
+
+
+def core_capture(
     core: ConsumerCore,
     *,
     flow: FlowWindow | None = None,
@@ -123,56 +134,70 @@ def core_state(
     started_at: float | None = None,
     now: float | None = None,
     max_offsets: int = MAX_OFFSETS,
-) -> dict[str, Any]:
-    """Build the state document (module docs) from a core and the runtime's extras.
-
-    Reads ``core`` only; the caller must keep it still meanwhile (hold the
-    runtime's lock). ``now`` defaults to the wall clock.
-    """
+) -> Callable[[], dict[str, Any]]:
+    """The state document (module docs) in two steps: copy what it needs from
+    ``core`` now (the caller holds the runtime's lock; the copies are flat and
+    cheap), and return a function that builds the document from the copies later,
+    on any thread, without the lock: the sorting and the per-offset entries are
+    the reader's cost, not the poll thread's. The rest are the runtime's extras;
+    ``now`` defaults to the wall clock."""
     paused_set = set(paused)
-    highs = high_watermarks or {}
-    parts: list[dict[str, Any]] = []
-    total_in_flight = 0
-    for tp, epoch, tracker in sorted(core.partitions(), key=lambda item: item[0]):
-        live = tracker.in_flight()
-        finished = tracker.finished_above()
-        offsets = sorted(live)
-        high = highs.get(tp)
-        committed = tracker.committed
-        total_in_flight += len(live)
-        parts.append(
-            {
-                "topic": tp[0],
-                "partition": tp[1],
-                "name": f"{tp[0]}/{tp[1]}",
-                "epoch": epoch,
-                "committed": committed,
-                "requested": tracker.requested,
-                "processed": tracker.processed,
-                "next": tracker.next,
-                "high": high,
-                "lag": None if high is None else max(0, high - committed),
-                "draining": tracker.draining,
-                "paused": tp in paused_set,
-                "in_flight_count": len(live),
-                "in_flight": [
-                    {"offset": o, "state": live[o].value} for o in offsets[:max_offsets]
-                ],
-                "finished_above": list(finished[:max_offsets]),
-                "truncated": len(offsets) > max_offsets or len(finished) > max_offsets,
-            }
-        )
-    return {
-        "version": SCHEMA_VERSION,
-        "generated_at": time.time() if now is None else now,
-        "started_at": started_at,
-        "partitions": parts,
-        "in_flight": total_in_flight,
-        "paused_partitions": sum(1 for p in parts if p["paused"]),
-        "flow": None if flow is None else flow_state(flow),
-        "dlq": dict(sorted((dlq_counts or {}).items())),
-        "extra": dict(extra or {}),
-    }
+    highs = dict(high_watermarks or {})
+    generated_at = time.time() if now is None else now
+    flow_doc = None if flow is None else flow_state(flow)
+    dlq = dict(sorted((dlq_counts or {}).items()))
+    extras = dict(extra or {})
+    copies = [
+        (tp, epoch, tracker.committed, tracker.requested, tracker.processed, tracker.next,
+         tracker.draining, tracker.in_flight(), tracker.finished_above())
+        for tp, epoch, tracker in core.partitions()
+    ]  # fmt: skip
+
+    def render() -> dict[str, Any]:
+        parts: list[dict[str, Any]] = []
+        total_in_flight = 0
+        names = _STATE_NAMES
+        for tp, epoch, committed, requested, processed, nxt, draining, live, finished in sorted(
+            copies, key=lambda item: item[0]
+        ):
+            offsets = sorted(live)
+            high = highs.get(tp)
+            total_in_flight += len(live)
+            parts.append(
+                {
+                    "topic": tp[0],
+                    "partition": tp[1],
+                    "name": f"{tp[0]}/{tp[1]}",
+                    "epoch": epoch,
+                    "committed": committed,
+                    "requested": requested,
+                    "processed": processed,
+                    "next": nxt,
+                    "high": high,
+                    "lag": None if high is None else max(0, high - committed),
+                    "draining": draining,
+                    "paused": tp in paused_set,
+                    "in_flight_count": len(live),
+                    "in_flight": [
+                        {"offset": o, "state": names[live[o]]} for o in offsets[:max_offsets]
+                    ],
+                    "finished_above": list(finished[:max_offsets]),
+                    "truncated": len(offsets) > max_offsets or len(finished) > max_offsets,
+                }
+            )
+        return {
+            "version": SCHEMA_VERSION,
+            "generated_at": generated_at,
+            "started_at": started_at,
+            "partitions": parts,
+            "in_flight": total_in_flight,
+            "paused_partitions": sum(1 for p in parts if p["paused"]),
+            "flow": flow_doc,
+            "dlq": dlq,
+            "extra": extras,
+        }
+
+    return render
 
 
 class CoreStateSource:
@@ -208,8 +233,13 @@ class CoreStateSource:
 
     def state(self) -> dict[str, Any]:
         """The state document (module docs), read under the runtime's lock."""
+        return self.capture()()
+
+    def capture(self) -> Callable[[], dict[str, Any]]:
+        """Copy the state under the runtime's lock; the returned function builds
+        the document from the copies, without the lock (:func:`core_capture`)."""
         with self._lock:
-            return core_state(
+            return core_capture(
                 self.core,
                 flow=self.flow,
                 paused=self._paused() if self._paused else (),
@@ -228,23 +258,39 @@ class LastSnapshot:
     is inside a long rebalance callback or a slow sink call; what it serves is at
     most one publishing period old (``published_at`` says when, monotonic).
 
+    Over a :class:`CoreStateSource`, :meth:`publish` only copies the state
+    (:meth:`CoreStateSource.capture`); the first reader of that copy builds the
+    document, which later readers of the same copy share. Any other source is
+    read whole at :meth:`publish`.
+
     :meth:`state` raises :class:`LookupError` before the first :meth:`publish`
     (the server answers 500: nothing to show yet).
     """
 
     def __init__(self, source: StateSource) -> None:
         self.source = source
-        self._doc: dict[str, Any] | None = None
+        self._capture = source.capture if isinstance(source, CoreStateSource) else None
+        #: The latest copy's builder and, once built, its document (one tuple,
+        #: replaced whole, so a reader never pairs a builder with another's document).
+        self._latest: tuple[Callable[[], dict[str, Any]], list[dict[str, Any]]] | None = None
         self.published_at: float | None = None
 
     def publish(self) -> None:
-        """Read ``source`` now (the caller may hold the engine's lock) and keep it."""
-        self._doc = self.source.state()
+        """Copy ``source`` now (the caller may hold the engine's lock) and keep it."""
+        if self._capture is not None:
+            render = self._capture()
+        else:
+            doc = self.source.state()
+            render = lambda: doc  # noqa: E731
+        self._latest = (render, [])
         self.published_at = time.monotonic()
 
     def state(self) -> dict[str, Any]:
         """The last published document."""
-        doc = self._doc
-        if doc is None:
+        latest = self._latest
+        if latest is None:
             raise LookupError("no state published yet")
-        return doc
+        render, built = latest
+        if not built:
+            built.append(render())
+        return built[0]
