@@ -414,3 +414,31 @@ def test_the_rules_guard_refuses_broken_rules(broken: str, monkeypatch: pytest.M
         monkeypatch.setattr(failures_module, name, value)
     with pytest.raises(AssertionError, match=says):
         failures_module._check_rules()
+
+
+def test_the_postcondition_bounds_a_retry_between_now_and_its_cap() -> None:
+    """``decide``'s postcondition on time: a retry or hand-off is due no earlier
+    than now and no later than now plus the backoff cap, or plus the breaker's hold
+    when that is longer; a dead letter has no due time. Exact at both edges (the
+    decisions themselves never come near them, so the property tests cannot
+    tell a loosened bound from the right one)."""
+    within = failures_module._within_bounds
+    retry = RetryPolicy(max_retries=3, base_delay=0.1, max_delay=0.5)
+    now = 100.0
+
+    def at(t: float) -> RetryAt:
+        return RetryAt(tp=("t", 0), epoch=1, offset=7, attempt=1, at=t)
+
+    def due(t: float) -> HandOff:
+        return HandOff(tp=("t", 0), epoch=1, offset=7, topic="t.retry", attempt=1, due=t)
+
+    for make in (at, due):
+        assert within(make(now), now, retry, None)
+        assert within(make(now + 0.5), now, retry, None)
+        assert not within(make(now - 0.25), now, retry, None)  # in the past
+        assert not within(make(now + 0.75), now, retry, None)  # past the cap
+        assert not within(make(now + 0.75), now, retry, 0.0)
+        assert within(make(now + 0.75), now, retry, 2.0)  # the breaker holds longer
+        assert not within(make(now + 2.25), now, retry, 2.0)
+    dead = DeadLetter(tp=("t", 0), epoch=1, offset=7, attempts=4, kind=DeadLetterKind.FAILED)
+    assert within(dead, now, retry, None)
