@@ -14,6 +14,7 @@ must make the machine fail.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
@@ -403,6 +404,12 @@ GATE_BREAKS: dict[str, dict[str, Any]] = {
             s: without(row, V.FENCE_GRACE_OVER) for s, row in gate.TRANSITIONS.items()
         }),
     },
+    "an edge on no event, and an event with no edge": {
+        "TRANSITIONS": MappingProxyType({
+            s: with_entry(without(row, V.FENCE_GRACE_OVER), "NoEvent", s)
+            for s, row in gate.TRANSITIONS.items()
+        }),
+    },
     "a state the group cannot take a partition from": {
         "TRANSITIONS": row_edit(gate.TRANSITIONS, G.ACTIVE, lambda row: without(row, V.LOST)),
     },
@@ -427,7 +434,10 @@ GATE_BREAKS: dict[str, dict[str, Any]] = {
 GATE_SAYS = {
     "a state without a row": "every gate state needs a row",
     "a row for no state": "every gate state needs a row",
-    "an event with no edge": "events with no edge",
+    # exactly the events without an edge: not the edges' own events, nor theirs and others
+    "an event with no edge": re.escape(f"events with no edge: { {V.FENCE_GRACE_OVER} }") + "$",
+    "an edge on no event, and an event with no edge":
+        re.escape(f"events with no edge: { {V.FENCE_GRACE_OVER} }") + "$",
     "a state the group cannot take a partition from": "can take a partition away",
     "lost leading elsewhere than unassigned": "can take a partition away",
     "paused always and with the holds": "paused always or with the holds",
