@@ -443,7 +443,7 @@ GATE_SAYS = {
     "paused always and with the holds": "paused always or with the holds",
     "a seeking edge not in the table": "a seeking edge",
     "a timed state its event cannot leave": "a timed state cannot be left",
-    "an unreachable state": "unreachable gate states",
+    "an unreachable state": re.escape(f"unreachable gate states: { {G.WAITING} }") + "$",
 }
 
 
