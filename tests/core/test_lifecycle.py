@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from htmqc.core import FINISHED, TRANSITIONS, Event, IllegalTransition, MessageState
+from htmqc.core import FINISHED, TRANSITIONS, Event, IllegalTransition, MessageState, lifecycle
 from htmqc.core.lifecycle import INITIAL, step
 from htmqc.core.partition import PartitionTracker
-from tests.core.tables import shortest_paths
+from tests.core.tables import row_edit, shortest_paths, with_entry, without
 
 
 def test_the_table_is_the_documented_lifecycle() -> None:
@@ -61,3 +63,38 @@ def test_the_tracker_allows_exactly_the_tables_edges(source: MessageState, event
         with pytest.raises(IllegalTransition):
             t.apply(event, 0)
         assert t.snapshot() == before
+
+
+# -- the import-time table guard (``EDGES`` is derived from the table) ----------------
+
+S, E = MessageState, Event
+#: Each way to break the lifecycle table, and what the guard says of it.
+LIFECYCLE_BREAKS = {
+    "an event from two states": (
+        row_edit(TRANSITIONS, S.RETRYING, lambda row: with_entry(row, E.START, S.PROCESSING)),
+        f"event {E.START.value} has two source states",
+    ),
+    "an event with no edge": (
+        row_edit(TRANSITIONS, S.FAILED, lambda row: without(row, E.HAND_OFF)),
+        f"events with no edge: {[E.HAND_OFF.value]}",
+    ),
+    "events with no edge, and an edge on no event": (
+        row_edit(TRANSITIONS, S.FAILED,
+                 lambda row: with_entry(without(row, E.HAND_OFF), "NoEvent", S.FAILED)),
+        f"events with no edge: {[E.HAND_OFF.value]}",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("broken", sorted(LIFECYCLE_BREAKS))
+def test_the_lifecycle_guard_refuses_a_broken_table(
+    broken: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard that derives ``EDGES`` refuses each way to break the table, naming
+    exactly what is wrong (the shipped table passes: the module imported)."""
+    table, says = LIFECYCLE_BREAKS[broken]
+    monkeypatch.setattr(lifecycle, "TRANSITIONS", table)
+    with pytest.raises(AssertionError, match=re.escape(says) + "$"):
+        lifecycle._edges()
+    monkeypatch.undo()
+    assert lifecycle._edges() == lifecycle.EDGES
