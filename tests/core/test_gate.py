@@ -45,6 +45,7 @@ from htmqc.core.gate import (
     Pause,
     Resume,
     Seek,
+    gate_invariant,
 )
 from model_checks.reference_gate import RefGate, RefGateError
 from tests.core.mutants.stateful import assert_rejected
@@ -116,6 +117,43 @@ def gate_in(state: GateState) -> tuple[Gate, float]:
         now += 1.0
     assert gate.state(TP) is state
     return gate, now
+
+
+def _part(gate: Gate) -> Any:
+    return gate._parts[TP]
+
+
+@pytest.mark.parametrize("state", list(GateState))
+def test_the_invariant_holds_in_every_reachable_state(state: GateState) -> None:
+    gate, _ = gate_in(state)
+    assert gate_invariant(gate)
+    gate.hold(Hold.FLOW)
+    assert gate_invariant(gate)
+
+
+#: One field out of line each, the rest as reached (each conjunct on its own; both
+#: sides of each equivalence).
+INVARIANT_BREAKS: dict[str, tuple[GateState, Callable[[Gate], object]]] = {
+    "unassigned-kept": (G.ACTIVE, lambda g: setattr(_part(g), "state", G.UNASSIGNED)),
+    "since-not-fenced": (G.ACTIVE, lambda g: setattr(_part(g), "since", 5.0)),
+    "fenced-no-since": (G.FENCED, lambda g: setattr(_part(g), "since", None)),
+    "until-not-waiting": (G.ACTIVE, lambda g: setattr(_part(g), "until", 5.0)),
+    "waiting-no-until": (G.WAITING, lambda g: setattr(_part(g), "until", None)),
+    "timed-not-timed-state": (G.ACTIVE, lambda g: g._timed.add(TP)),
+    "timed-state-not-timed": (G.FENCED, lambda g: g._timed.discard(TP)),
+    "waiting-not-paused": (G.WAITING, lambda g: setattr(_part(g), "paused", False)),
+    "active-paused-no-hold": (G.ACTIVE, lambda g: setattr(_part(g), "paused", True)),
+    "claiming-pause-known": (G.CLAIMING, lambda g: setattr(_part(g), "paused", False)),
+    "timed-unknown-partition": (G.ACTIVE, lambda g: g._timed.add(("t", 9))),
+}
+
+
+@pytest.mark.parametrize("broken", sorted(INVARIANT_BREAKS))
+def test_the_invariant_refuses_each_broken_field(broken: str) -> None:
+    state, corrupt = INVARIANT_BREAKS[broken]
+    gate, _ = gate_in(state)
+    corrupt(gate)
+    assert not gate_invariant(gate)
 
 
 def test_every_event_has_a_driver_and_every_state_a_path() -> None:
