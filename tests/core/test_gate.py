@@ -156,6 +156,24 @@ def test_the_invariant_refuses_each_broken_field(broken: str) -> None:
     assert not gate_invariant(gate)
 
 
+def test_tick_postcondition_says_overdue_exactly_from_the_grace_and_the_due_time() -> None:
+    """``tick``'s postcondition (*FencedReclaimed*) looks for a partition Fenced for
+    ``fence_grace`` or longer, or Waiting at or past its due time: exact at both
+    edges, each state on its own (``tick`` itself never leaves one, so only this
+    shows the check would see it)."""
+    overdue = gate._overdue
+    fenced, _ = gate_in(G.FENCED)
+    _part(fenced).since = 100.0
+    assert not overdue(fenced, 100.0 + GRACE - 0.5)
+    assert overdue(fenced, 100.0 + GRACE) and overdue(fenced, 100.0 + GRACE + 0.5)
+    waiting, _ = gate_in(G.WAITING)
+    _part(waiting).until = 100.0
+    assert not overdue(waiting, 99.5)
+    assert overdue(waiting, 100.0) and overdue(waiting, 100.5)
+    active, _ = gate_in(G.ACTIVE)  # neither timer applies to another state
+    assert not overdue(active, 1e9)
+
+
 def test_every_event_has_a_driver_and_every_state_a_path() -> None:
     assert set(DRIVE) == set(GateEvent)
     for state in GateState:
