@@ -174,6 +174,28 @@ def test_tick_postcondition_says_overdue_exactly_from_the_grace_and_the_due_time
     assert not overdue(active, 1e9)
 
 
+@pytest.mark.parametrize("state", list(GateState))
+def test_only_an_active_partition_is_fetched(state: GateState) -> None:
+    gate, _ = gate_in(state)
+    assert gate.fetching(TP) is (state is G.ACTIVE)
+    assert not gate.fetching(("t", 9))  # a partition the gate does not hold
+
+
+def test_a_refused_event_names_the_event_the_partition_and_its_state() -> None:
+    gate, _ = gate_in(G.ACTIVE)
+    with pytest.raises(IllegalTransition) as refused:
+        gate.claimed({TP: 42})
+    assert str(refused.value) == f"gate: can't handle {V.CLAIMED.value} when t/0 is Active"
+
+
+def test_the_fence_grace_may_be_zero_never_negative() -> None:
+    assert Gate(fence_grace=0.0).fence_grace == 0.0
+    assert Gate(fence_grace=0.5).fence_grace == 0.5
+    for bad in (-0.5, -2.0):
+        with pytest.raises(ValueError, match=f"fence_grace must be >= 0, got {bad}"):
+            Gate(fence_grace=bad)
+
+
 def test_every_event_has_a_driver_and_every_state_a_path() -> None:
     assert set(DRIVE) == set(GateEvent)
     for state in GateState:
