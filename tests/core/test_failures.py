@@ -419,9 +419,9 @@ def test_the_rules_guard_refuses_broken_rules(broken: str, monkeypatch: pytest.M
 def test_the_postcondition_bounds_a_retry_between_now_and_its_cap() -> None:
     """``decide``'s postcondition on time: a retry or hand-off is due no earlier
     than now and no later than now plus the backoff cap, or plus the breaker's hold
-    when that is longer; a dead letter has no due time. Exact at both edges (the
-    decisions themselves never come near them, so the property tests cannot
-    tell a loosened bound from the right one)."""
+    when that is longer; a dead letter has no due time. Exact at both edges (every
+    real decision falls inside the bounds, so only decisions placed outside them
+    show that a loosened check would let them through)."""
     within = failures_module._within_bounds
     retry = RetryPolicy(max_retries=3, base_delay=0.1, max_delay=0.5)
     now = 100.0
