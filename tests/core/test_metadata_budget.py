@@ -5,8 +5,12 @@ metadata over the limit, whatever order its work finishes in."""
 
 from __future__ import annotations
 
+import copy
+import re
+from collections.abc import Sequence
 from functools import cache
 from itertools import combinations
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -14,6 +18,8 @@ from hypothesis import strategies as st
 
 from htmqc.core.lifecycle import Event
 from htmqc.core.metadata_budget import (
+    DEFAULT_LIMIT,
+    MIN_LIMIT,
     PREFIX_BYTES,
     admissible,
     encoded_size,
@@ -41,6 +47,17 @@ def test_one_more_offset_grows_the_text_by_at_most_item_max_exhaustive(width: in
                 assert size(0, s | {o}) - size(0, s) <= item_max(o), (sorted(s), o)
 
 
+def test_item_max_is_reached_at_every_distance_but_a_power_of_ten() -> None:
+    # the bound is not loose: finishing the offset at distance d after a run that
+    # ends at the watermark + 1 adds ",{d-1}" (and d 0 or 1 extends a run: +2);
+    # only at d = 10, 100, ... has d - 1 a digit fewer than d
+    for d in range(3000):
+        before = {1} if d == 0 else {0}
+        grown = size(0, before | {d}) - size(0, before)
+        short = d >= 10 and str(d).rstrip("0") == "1"
+        assert grown == item_max(d) - short, d
+
+
 @given(
     st.sets(st.integers(0, 3000), max_size=60),
     st.integers(0, 3000),
@@ -56,6 +73,11 @@ def test_growth_bound_with_long_gaps_and_runs(s: set[int], o: int, run: int) -> 
 @pytest.mark.parametrize("width", range(15))
 def test_window_bound_exhaustive(width: int) -> None:
     assert max(size(0, s) for s in subsets(width)) <= window_max(width)
+
+
+def test_window_max_is_a_whole_number_of_bytes_and_nothing_for_no_window() -> None:
+    assert window_max(0) == 0  # an empty window holds no offset: the text is ""
+    assert all(type(window_max(w)) is int for w in range(100))
 
 
 @cache
@@ -144,11 +166,117 @@ def test_admitted_work_never_outgrows_the_limit(
         assert encoded_size(t) <= limit, t.snapshot()
 
 
+def _longest_texts(t: PartitionTracker, live: Sequence[int], batch: Sequence[int]) -> list[int]:
+    """``out[k]``: the longest commit metadata (prefix included) reachable once
+    ``batch[:k]`` is handed out: the text depends only on the set of finished
+    offsets, so every set of ``live`` and ``batch[:k]`` is tried (every completion
+    order passes through each). ``t`` has all of ``batch`` handed out already: the
+    rest of it, unfinished and above, changes no text of those sets."""
+    universe = [*live, *batch]
+    out = [0] * (len(batch) + 1)
+    for mask in range(1 << len(universe)):
+        done = [o for i, o in enumerate(universe) if mask >> i & 1]
+        after = copy.deepcopy(t)
+        after.apply_many(Event.SUCCEED, done)
+        k = max((i + 1 for i in range(len(batch)) if mask >> (len(live) + i) & 1), default=0)
+        out[k] = max(out[k], encoded_size(after))
+    for k in range(1, len(out)):
+        out[k] = max(out[k], out[k - 1])
+    return out
+
+
+def _hand_out(t: PartitionTracker, offsets: Sequence[int]) -> None:
+    for o in t.fetched(offsets):
+        t.apply(Event.START, o)
+
+
+#: Offsets whose every item is as long as ``item_max`` says (a gap of ``g - 1``
+#: digits as many as the highest offset's), and a jump across two decades.
+FAMILIES = {
+    "gap 2": [0, 2, 4, 6, 8],
+    "gap 11": [0, 11, 22, 33, 44, 55, 66, 77, 88, 99],
+    "gap 101": [0, 101, 202, 303, 404, 505, 606, 707, 808],
+    "jump": [0, 5, 150, 151, 1500],
+}
+
+
+@pytest.mark.parametrize("live", [0, 1, 2, 3])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_admission_is_sound_and_within_a_byte_of_the_truth(family: str, live: int) -> None:
+    """Against every set of finished offsets (not the bound itself): what is handed
+    out can never give a text over the limit, and where each item really is as
+    long as the bound says, no more than one byte of the limit is left unused
+    (the first item has no comma): a bound loosened or tightened by an item, or
+    computed for a lower offset than the batch's highest, fails here."""
+    offsets = FAMILIES[family]
+    before, batch = offsets[:live], offsets[live:]
+    t = PartitionTracker(0)
+    _hand_out(t, before)
+    everything = copy.deepcopy(t)
+    _hand_out(everything, batch)
+    truth = _longest_texts(everything, before, batch)
+    for limit in range(max(PREFIX_BYTES + 1, truth[0]), truth[-1] + 4):  # the live fit
+        k = admissible(t, batch, limit)
+        assert truth[k] <= limit, (limit, k, truth)
+        if family != "jump":  # its items are shorter than the bound: no tightness
+            best = max(j for j in range(len(truth)) if j == 0 or truth[j] + 1 <= limit)
+            assert k >= best, (limit, k, best, truth)
+
+
+@st.composite
+def jumpy_states(draw: st.DrawFn) -> tuple[PartitionTracker, list[int], list[int], int]:
+    """A tracker with a few live offsets (some finished around them), a batch whose
+    gaps cross decades, and how far above what the live work needs the limit is."""
+    steps = st.sampled_from([1, 2, 3, 9, 10, 11, 90, 99, 100, 101, 990, 1000])
+    start = draw(st.integers(0, 120))
+    earlier = [start]
+    for _ in range(draw(st.integers(0, 5))):
+        earlier.append(earlier[-1] + draw(steps))
+    t = PartitionTracker(start)
+    _hand_out(t, earlier)
+    done = draw(st.sets(st.sampled_from(earlier), max_size=len(earlier)))
+    t.apply_many(Event.SUCCEED, sorted(done))
+    live = sorted(t.in_flight())[:3]
+    for o in sorted(set(t.in_flight()) - set(live)):
+        t.apply(Event.SUCCEED, o)
+    batch = [t.next + draw(st.sampled_from([0, 1, 9, 99]))]
+    for _ in range(draw(st.integers(0, 5))):
+        batch.append(batch[-1] + draw(steps))
+    return t, live, batch, draw(st.integers(0, 24))
+
+
+@settings(max_examples=150, deadline=None)
+@given(jumpy_states())
+def test_no_finishing_set_of_admitted_work_outgrows_the_limit(
+    state: tuple[PartitionTracker, list[int], list[int], int],
+) -> None:
+    t, live, batch, extra = state
+    everything = copy.deepcopy(t)
+    _hand_out(everything, batch)
+    truth = _longest_texts(everything, live, batch)
+    limit = max(PREFIX_BYTES + 1, truth[0]) + extra  # the live work fits (as admitted)
+    k = admissible(t, batch, limit)
+    assert truth[k] <= limit, (k, truth, t.snapshot())
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.integers(PREFIX_BYTES + 1, 200), st.integers(0, 10**6))
 def test_a_partition_with_nothing_live_always_goes_on(limit: int, seed: int) -> None:
     t = PartitionTracker(seed % 1000, [seed % 1000 + 5 + i * 3 for i in range(seed % 7)])
     assert admissible(t, [t.next, t.next + 1], limit) >= 1
+
+
+def test_the_limits_are_the_ones_the_spec_states() -> None:
+    """spec/README.md §4d names Kafka's default ``offset.metadata.max.bytes`` and
+    the smallest ``--commit-metadata-bytes``: the code's constants say the same.
+    A default above the broker's lets the exactly-once Kafka sink hand out work
+    whose commit the broker refuses."""
+    spec = (Path(__file__).resolve().parents[2] / "spec" / "README.md").read_text()
+    section = spec.split("## 4d.", 1)[1].split("\n## ", 1)[0]
+    default = re.search(r"`offset\.metadata\.max\.bytes`, (\d+) by default", section)
+    smallest = re.search(r"`--commit-metadata-bytes`, at least (\d+)", section)
+    assert default and smallest, "spec/README.md §4d no longer states the limits"
+    assert (int(default[1]), int(smallest[1])) == (DEFAULT_LIMIT, MIN_LIMIT)
 
 
 def test_the_common_case_is_not_held_back_by_a_short_window() -> None:
