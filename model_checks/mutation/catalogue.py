@@ -23,6 +23,8 @@ SQL = "src/htmqc/sinks/sql.py"
 #: The layers that run the core against a model or an oracle.
 MODEL_LAYERS = ("graph-replay", "vectors", "formal", "tests-core")
 CONTRACT_LAYERS = ("crosshair", "formal", "tests-core")
+#: Both (``formal`` and ``tests-core`` are in each).
+ALL_LAYERS = tuple(dict.fromkeys((*CONTRACT_LAYERS, *MODEL_LAYERS)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +63,7 @@ CATALOGUE: tuple[Bug, ...] = (
         "return self._next",
         "a commit hands out next instead of the watermark: unfinished offsets are "
         "committed and lost on restart",
-        (*CONTRACT_LAYERS, *MODEL_LAYERS),
+        ALL_LAYERS,
     ),
     Bug(
         "ack-above-watermark", PARTITION, "PartitionTracker.commit_acked",
@@ -101,7 +103,7 @@ CATALOGUE: tuple[Bug, ...] = (
         "self._unsent = False",
         "a failed commit is not asked for again when the watermark did not move: its "
         "finished_above is never stored",
-        (*CONTRACT_LAYERS, *MODEL_LAYERS),
+        ALL_LAYERS,
     ),
     Bug(
         "restore-drops-held", CONSUMER, "ConsumerCore.restored",
@@ -125,7 +127,7 @@ CATALOGUE: tuple[Bug, ...] = (
         "self._processed = order[-1]",
         "the watermark jumps to the newest fetched offset instead of the oldest "
         "unfinished one: unfinished offsets fall below it and are lost",
-        (*CONTRACT_LAYERS, *MODEL_LAYERS),
+        ALL_LAYERS,
     ),
     Bug(
         "retry-past-max", FAILURES, "facts",
@@ -172,7 +174,7 @@ CATALOGUE: tuple[Bug, ...] = (
         "if offset == self._committed:",
         "a late ack below committed moves committed backwards, so a restart repeats "
         "work already stored",
-        (*CONTRACT_LAYERS, *MODEL_LAYERS),
+        ALL_LAYERS,
     ),
     Bug(
         "commit-failed-keeps-requested", PARTITION, "PartitionTracker.commit_failed",
@@ -180,7 +182,7 @@ CATALOGUE: tuple[Bug, ...] = (
         "self._requested = max(self._committed, self._requested)",
         "after a failed commit requested is not reset, so the same offset is not "
         "requested again and the commit is never retried",
-        (*CONTRACT_LAYERS, *MODEL_LAYERS),
+        ALL_LAYERS,
     ),
     Bug(
         "backoff-uncapped", RETRY, "RetryPolicy.delay",
@@ -195,7 +197,7 @@ CATALOGUE: tuple[Bug, ...] = (
         "self._live.update(dict.fromkeys(range(lo, hi), INITIAL))",
         "an offset gap (compaction, transaction marker) counts as unfinished, so the "
         "watermark never passes it",
-        (*CONTRACT_LAYERS, *MODEL_LAYERS),
+        ALL_LAYERS,
     ),
     Bug(
         "fence-not-bumped", SQL, "SqlSink.take_fence",

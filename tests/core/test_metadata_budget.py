@@ -196,31 +196,112 @@ FAMILIES = {
     "gap 2": [0, 2, 4, 6, 8],
     "gap 11": [0, 11, 22, 33, 44, 55, 66, 77, 88, 99],
     "gap 101": [0, 101, 202, 303, 404, 505, 606, 707, 808],
+    "gap 1001": [0, 1001, 2002, 3003, 4004, 5005, 6006, 7007],
     "jump": [0, 5, 150, 151, 1500],
 }
 
 
-@pytest.mark.parametrize("live", [0, 1, 2, 3])
+@pytest.mark.parametrize("start", [0, 1000])
+@pytest.mark.parametrize(("live", "done"), [(0, 0), (1, 0), (2, 0), (3, 0), (1, 2), (1, 3)])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_admission_is_sound_and_within_a_byte_of_the_truth(family: str, live: int) -> None:
+def test_admission_is_sound_and_within_a_byte_of_the_truth(
+    family: str, live: int, done: int, start: int
+) -> None:
     """Against every set of finished offsets (not the bound itself): what is handed
     out can never give a text over the limit, and where each item really is as
     long as the bound says, no more than one byte of the limit is left unused
     (the first item has no comma): a bound loosened or tightened by an item, or
-    computed for a lower offset than the batch's highest, fails here."""
-    offsets = FAMILIES[family]
-    before, batch = offsets[:live], offsets[live:]
-    t = PartitionTracker(0)
+    computed for a lower offset than the batch's highest, or from the watermark's
+    offset rather than the distance to it, fails here. ``live`` offsets are handed
+    out before the batch and not finished, the ``done`` after them finished."""
+    offsets = [start + o for o in FAMILIES[family]]
+    before, batch = offsets[: live + done], offsets[live + done :]
+    t = PartitionTracker(start)
     _hand_out(t, before)
+    t.apply_many(Event.SUCCEED, before[live:])
     everything = copy.deepcopy(t)
     _hand_out(everything, batch)
-    truth = _longest_texts(everything, before, batch)
+    truth = _longest_texts(everything, before[:live], batch)
     for limit in range(max(PREFIX_BYTES + 1, truth[0]), truth[-1] + 4):  # the live fit
         k = admissible(t, batch, limit)
         assert truth[k] <= limit, (limit, k, truth)
         if family != "jump":  # its items are shorter than the bound: no tightness
             best = max(j for j in range(len(truth)) if j == 0 or truth[j] + 1 <= limit)
             assert k >= best, (limit, k, best, truth)
+
+
+#: Held offsets (restored from the sink) of the window tests: one a first hand-out
+#: covers, and one more in the gap before the batch (which starts at 10), at its
+#: first offset, or above it.
+HOLDS = {"none": [], "below": [2, 8], "first": [2, 10], "above": [2, 30]}
+
+
+def _window_case(start: int, held: str, live: int) -> tuple[PartitionTracker, list[int]]:
+    """Offsets ``start`` to ``start + live`` handed out (one of them finished or
+    held, the rest live), then a batch of nine from ``start + 10``."""
+    holds = [start + o for o in HOLDS[held]]
+    t = PartitionTracker(start, holds)
+    _hand_out(t, range(start, start + live + 1))
+    if held == "none":
+        t.apply(Event.SUCCEED, start + 2)
+    return t, list(range(start + 10, start + 19))
+
+
+@pytest.mark.parametrize("start", [0, 1000])
+@pytest.mark.parametrize("held", HOLDS)
+def test_what_the_window_bound_admits_is_sound(start: int, held: str) -> None:
+    """Three live offsets and one finished (or held) below the batch: whatever the
+    limit, no set of the live and admitted offsets finishing (every set is tried)
+    gives a text over it, with the window bound in play or, for a held offset
+    above the batch, out of it."""
+    t, batch = _window_case(start, held, 3)
+    everything = copy.deepcopy(t)
+    _hand_out(everything, batch)
+    holds = {start + o for o in HOLDS[held]}
+    truth = _longest_texts(everything, sorted(t.in_flight()), [o for o in batch if o not in holds])
+    if held == "first":  # the held one finishes no text of its own: count it as admitted
+        truth = truth[:1] + truth
+    for limit in range(max(PREFIX_BYTES + 1, truth[0]), truth[-1] + 4):
+        k = admissible(t, batch, limit)
+        assert truth[k] <= limit, (limit, k, truth)
+
+
+@pytest.mark.parametrize("start", [0, 1000])
+@pytest.mark.parametrize("held", ["none", "below", "first"])
+def test_where_only_the_window_bound_fits_it_decides(start: int, held: str) -> None:
+    """Six live offsets (and distances of two digits) make the per-offset bound
+    the larger for every ``k``; then
+    the batch is cut exactly where spec §4d's window bound says,
+    ``window_max(h + 1 - c)`` within the limit, when no held offset lies above the
+    batch's first (a held one in the gap before it, or at it, does not count)."""
+    t, batch = _window_case(start, held, 6)
+    assert t.live_count == 6
+    c = t.processed
+    for limit in range(PREFIX_BYTES + 1, PREFIX_BYTES + window_max(batch[-1] + 2 - c)):
+        k = admissible(t, batch, limit)
+        fits = [j for j in range(1, len(batch) + 1)
+                if PREFIX_BYTES + window_max(batch[j - 1] + 1 - c) <= limit]  # fmt: skip
+        assert k == max(fits, default=0), (limit, k, fits)
+
+
+def test_a_long_batch_is_cut_where_its_prefixes_are() -> None:
+    """A search over a long batch (an answer past the integers CPython caches) ends
+    where handing out a prefix alone would: the first ``m`` offsets give
+    ``min(m, k)``, since the bound only grows with ``k``."""
+    t = PartitionTracker(0)
+    _hand_out(t, range(600))
+    t.apply_many(Event.SUCCEED, range(1, 600, 2))
+    batch = range(600, 2600)
+    limit = PREFIX_BYTES + window_max(1000)
+    k = admissible(t, batch, limit)
+    assert 256 < k < len(batch)
+    for m in (1, k - 1, k, k + 1, len(batch)):
+        assert admissible(t, batch[:m], limit) == min(m, k), m
+
+
+def test_an_empty_batch_hands_out_nothing() -> None:
+    assert admissible(PartitionTracker(0), [], 4096) == 0
+    assert admissible(PartitionTracker(5), [], 4096, soft=4096) == 0
 
 
 @st.composite
@@ -309,6 +390,11 @@ def test_soft_threshold_admits_everything_until_the_text_passes_it() -> None:
     assert admissible(t, range(5000, 6000), 4096, soft=2048) == 1000  # the text is short
     t.apply_many(Event.SUCCEED, range(1, 5000, 2))  # 5000 bytes of text
     assert admissible(t, range(5000, 6000), 4096, soft=2048) == 0
+    # "at most soft": the text's own length is still below it, one byte less is not
+    text = encoded_size(t)
+    assert admissible(t, range(5000, 6000), 4096, soft=text) == 1000
+    assert admissible(t, range(5000, 6000), 4096, soft=text + 1) == 1000
+    assert admissible(t, range(5000, 6000), 4096, soft=text - 1) == 0
 
 
 @given(st.integers(0, 1000), st.sets(st.integers(0, 4000), max_size=300), st.integers(0, 600))

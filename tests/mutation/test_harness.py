@@ -50,6 +50,13 @@ def test_catalogue_names_are_unique_and_at_least_twenty() -> None:
     assert len(names) == len(set(names)) >= 20
 
 
+def test_each_bug_expects_layers_that_exist_each_once() -> None:
+    layers = {c.name for c in config.LAYERS}
+    for bug in CATALOGUE:
+        assert len(bug.expected) == len(set(bug.expected)), bug.name
+        assert set(bug.expected) <= layers, (bug.name, set(bug.expected) - layers)
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
