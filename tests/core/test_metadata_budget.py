@@ -269,11 +269,11 @@ def test_what_the_window_bound_admits_is_sound(start: int, held: str) -> None:
 @pytest.mark.parametrize("start", [0, 1000])
 @pytest.mark.parametrize("held", ["none", "below", "first"])
 def test_where_only_the_window_bound_fits_it_decides(start: int, held: str) -> None:
-    """Six live offsets (and distances of two digits) make the per-offset bound
-    the larger for every ``k``; then
-    the batch is cut exactly where spec §4d's window bound says,
-    ``window_max(h + 1 - c)`` within the limit, when no held offset lies above the
-    batch's first (a held one in the gap before it, or at it, does not count)."""
+    """Six live offsets (and distances of two digits) make the per-offset bound the
+    larger for every ``k``; then the batch is cut exactly where spec §4d's window
+    bound, ``window_max(h + 1 - c)``, reaches the limit when no held offset lies
+    above the batch's first (a held one in the gap before it, or at it, does not
+    count)."""
     t, batch = _window_case(start, held, 6)
     assert t.live_count == 6
     c = t.processed
