@@ -13,7 +13,7 @@ from pathlib import Path
 from htmqc.errors import HtmqcError, UsageError
 from model_checks.mutation import catalogue_run, equivalent, report
 from model_checks.mutation.config import KILL_CHECKS, ROOT
-from model_checks.mutation.kill import problems, run_all
+from model_checks.mutation.kill import problems, run_all, stale_listings
 from model_checks.mutation.mutants import core_files, generate
 
 
@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"mutate: {s['mutants']} mutants: {s['killed']} killed, {s['timeout']} timeout, "
           f"{s['equivalent']} equivalent, {s['survived']} survived; score {s['score']:.1%}; "
           f"{data['wall_seconds']:.0f}s; report: {report.REPORT.relative_to(ROOT)}")
-    bad = problems(results, listed)
+    bad = problems(results, listed) + stale_listings(
+        listed, (m.key for m in generated.mutants), (f.name for f in files))
     for line in bad:
         print(line)
     return 1 if bad else 0

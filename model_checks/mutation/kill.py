@@ -271,6 +271,17 @@ def problems(results: Iterable[Result], listed: Mapping[str, str]) -> list[str]:
     return out
 
 
+def stale_listings(
+    listed: Mapping[str, str], generated: Iterable[str], modules: Iterable[str]
+) -> list[str]:
+    """One line per entry of the equivalence file that names a module in scope
+    (``modules``: file names) but no mutant generated from it now (its line
+    changed or went): a stale reason, which would otherwise outlive its code."""
+    keys, names = set(generated), set(modules)
+    return [f"LISTED AS EQUIVALENT BUT NO SUCH MUTANT: {key}; remove it from equivalent.toml"
+            for key in listed if key.split("::", 1)[0] in names and key not in keys]
+
+
 def try_mutant(
     mutant: Mutant, shadow: Shadow, base: Baseline, equivalent: dict[str, str]
 ) -> Result:

@@ -246,6 +246,14 @@ def test_survivors_and_wrong_claims_fail_the_run() -> None:
     assert kill.problems(rows[:2], listed) == []
 
 
+def test_a_listing_for_a_mutant_no_longer_generated_fails_the_run() -> None:
+    listed = {"a.py::f::x => y": "same", "a.py::g::x => y": "same", "b.py::f::x => y": "same"}
+    lines = kill.stale_listings(listed, ["a.py::f::x => y"], ["a.py"])
+    assert lines == ["LISTED AS EQUIVALENT BUT NO SUCH MUTANT: a.py::g::x => y; "
+                     "remove it from equivalent.toml"]  # b.py is not in scope: not judged
+    assert kill.stale_listings(listed, listed, ["a.py", "b.py"]) == []
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
