@@ -13,7 +13,7 @@ from itertools import combinations
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from htmqc.core.lifecycle import Event
@@ -130,7 +130,6 @@ def runs(draw: st.DrawFn) -> tuple[int, int, list[int], list[tuple[str, int]]]:
     return limit, start, held, steps
 
 
-@settings(max_examples=300, deadline=None)
 @given(runs(), st.randoms(use_true_random=False))
 def test_admitted_work_never_outgrows_the_limit(
     run: tuple[int, int, list[int], list[tuple[str, int]]], rnd: object
@@ -326,7 +325,6 @@ def jumpy_states(draw: st.DrawFn) -> tuple[PartitionTracker, list[int], list[int
     return t, live, batch, draw(st.integers(0, 24))
 
 
-@settings(max_examples=150, deadline=None)
 @given(jumpy_states())
 def test_no_finishing_set_of_admitted_work_outgrows_the_limit(
     state: tuple[PartitionTracker, list[int], list[int], int],
@@ -340,7 +338,6 @@ def test_no_finishing_set_of_admitted_work_outgrows_the_limit(
     assert truth[k] <= limit, (k, truth, t.snapshot())
 
 
-@settings(max_examples=200, deadline=None)
 @given(st.integers(PREFIX_BYTES + 1, 200), st.integers(0, 10**6))
 def test_a_partition_with_nothing_live_always_goes_on(limit: int, seed: int) -> None:
     t = PartitionTracker(seed % 1000, [seed % 1000 + 5 + i * 3 for i in range(seed % 7)])
