@@ -113,6 +113,11 @@ def test_finishing_the_watermark_offset_never_grows_the_text(s: set[int]) -> Non
 # -- the key property: admission keeps every completion order within the limit ------------
 
 
+def _hand_out(t: PartitionTracker, offsets: Sequence[int]) -> None:
+    for o in t.fetched(offsets):
+        t.apply(Event.START, o)
+
+
 @st.composite
 def runs(draw: st.DrawFn) -> tuple[int, int, list[int], list[tuple[str, int]]]:
     limit = draw(st.integers(PREFIX_BYTES + 1, PREFIX_BYTES + 60))
@@ -151,8 +156,7 @@ def test_admitted_work_never_outgrows_the_limit(
                 o += 1 + (2 if (n >> i) % 11 == 0 else 0)
             k = admissible(t, batch, limit)
             throttled += k < len(batch)
-            for o in t.fetched(batch[:k]):
-                t.apply(Event.START, o)
+            _hand_out(t, batch[:k])
         elif t.live_count:
             live = sorted(t.in_flight())
             o = live[n % len(live)]
@@ -182,11 +186,6 @@ def _longest_texts(t: PartitionTracker, live: Sequence[int], batch: Sequence[int
     for k in range(1, len(out)):
         out[k] = max(out[k], out[k - 1])
     return out
-
-
-def _hand_out(t: PartitionTracker, offsets: Sequence[int]) -> None:
-    for o in t.fetched(offsets):
-        t.apply(Event.START, o)
 
 
 #: Offsets whose every item is as long as ``item_max`` says (a gap of ``g - 1``
@@ -361,16 +360,14 @@ def test_the_common_case_is_not_held_back_by_a_short_window() -> None:
     # everything in order, a window of 3000 offsets: no throttle (window bound)
     t = PartitionTracker(0)
     assert admissible(t, range(3000), 4096) == 3000
-    for o in t.fetched(range(3000)):
-        t.apply(Event.START, o)
+    _hand_out(t, range(3000))
     t.apply_many(Event.SUCCEED, range(1000))
     assert admissible(t, range(3000, 4000), 4096) == 1000
 
 
 def test_fragmented_finished_set_throttles_until_the_live_work_finishes() -> None:
     t = PartitionTracker(0)
-    for o in t.fetched(range(6000)):
-        t.apply(Event.START, o)
+    _hand_out(t, range(6000))
     t.apply_many(Event.SUCCEED, range(1, 6000, 2))  # "1,1,1,...": 6000 bytes if all odd
     assert encoded_size(t) > 4096 // 2
     assert admissible(t, range(6000, 7000), 4096) == 0
@@ -381,8 +378,7 @@ def test_fragmented_finished_set_throttles_until_the_live_work_finishes() -> Non
 
 def test_soft_threshold_admits_everything_until_the_text_passes_it() -> None:
     t = PartitionTracker(0)
-    for o in t.fetched(range(5000)):
-        t.apply(Event.START, o)
+    _hand_out(t, range(5000))
     assert admissible(t, range(5000, 6000), 4096) < 1000  # the worst case is too long
     assert admissible(t, range(5000, 6000), 4096, soft=2048) == 1000  # the text is short
     t.apply_many(Event.SUCCEED, range(1, 5000, 2))  # 5000 bytes of text
