@@ -107,8 +107,8 @@ verify-long: setup ## longer formal runs: TLC medium models, thorough Hypothesis
 mutate: setup ## mutants of src/htmqc/core vs the fast checks, resuming spec/mutation-results.jsonl; fails on an unexplained survivor
 	$(PY) -m model_checks.mutation run --workers 2 --resume
 
-mutate-catalogue: setup ## named exactly-once bugs, each verification layer run separately
-	$(PY) -m model_checks.mutation catalogue --workers 2
+mutate-catalogue: setup ## named exactly-once bugs, each verification layer run separately, resuming spec/catalogue-results.jsonl
+	$(PY) -m model_checks.mutation catalogue --workers 2 --resume
 
 mutants: setup ## how many Hypothesis seeds catch each named core mutant (tests/core/mutants/table.py)
 	$(PY) -m tests.core.mutants.measure

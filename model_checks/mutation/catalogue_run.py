@@ -8,13 +8,22 @@ fails there is *broken* and its verdicts are not counted. A layer that does not
 read the code (TLC: it checks ``tla/`` only) is run once, unmutated, and its
 verdict recorded for every bug: it cannot see a code change. The run exits 1
 if a bug is caught by no layer.
+
+Every verdict is appended to ``spec/catalogue-results.jsonl``
+(:data:`~model_checks.mutation.report.CATALOGUE_LEDGER`) as it comes; with
+``--resume`` a run measures only what the ledger lacks (:func:`verdict_key`), so
+the catalogue, about two hours of layer runs here, can be measured in parts
+(``--only``, ``--layers``, or an interrupted run) and still make one table.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import queue
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +36,7 @@ from model_checks.mutation import report
 from model_checks.mutation.catalogue import CATALOGUE, Bug
 from model_checks.mutation.config import LAYERS, ROOT, Command
 from model_checks.mutation.execute import run_command
+from model_checks.mutation.kill import chain_digest
 from model_checks.mutation.mutants import function_spans
 from model_checks.mutation.shadow import Shadow
 
@@ -111,12 +121,79 @@ def select(only: Sequence[str] | None, layer_names: Sequence[str] | None
     return _named(CATALOGUE, only, "catalogue entry"), _named(LAYERS, layer_names, "layer")
 
 
+def verdict_key(layer: Command, bug: Bug, mutated: str) -> str:
+    """What a layer's verdict on ``bug`` depends on, as a fingerprint: the layer's
+    command (:func:`~model_checks.mutation.kill.chain_digest`) and the mutated
+    file, or, for a layer that reads no code, the ``tla/`` files it reads. A row of
+    the ledger is reused only under the same key, so a change to the bug's file
+    or to the layer's command measures it again (a change to a test file does
+    not: as for ``make mutate``, run without ``--resume`` after one)."""
+    h = hashlib.sha256(chain_digest([layer]).encode())
+    if layer.reads_code:
+        h.update(bug.file.encode() + b"\0" + mutated.encode())
+    else:
+        h.update(report.digest(p for p in (ROOT / "tla").rglob("*") if p.is_file()).encode())
+    return h.hexdigest()[:16]
+
+
+def load_verdicts(path: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """The ledger's rows keyed by ``(bug, layer, key)`` (a later row wins)."""
+    if not path.exists():
+        return {}
+    rows = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return {(r["bug"], r["layer"], r["key"]): r for r in rows}
+
+
+class _Ledger:
+    """Appends each verdict to the ledger as it comes (from both workers)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+
+    def add(self, row: dict[str, Any]) -> None:
+        if self.path is None or row["verdict"] not in MEASURED:
+            return
+        with self._lock, self.path.open("a") as out:
+            out.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+#: Verdicts that say something about the bug (kept in the ledger); ``broken`` and
+#: ``skipped`` say something about the tree and are decided again each run.
+MEASURED = ("pass", "fail", "timeout")
+
+
 def run_catalogue(
-    bugs: Sequence[Bug], layers: Sequence[Command], timeout: float, workers: int = 2
+    bugs: Sequence[Bug],
+    layers: Sequence[Command],
+    timeout: float,
+    workers: int = 2,
+    ledger: Path | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
-    """Run ``bugs`` against ``layers``; the report as plain data."""
+    """Run ``bugs`` against ``layers``; the report of the whole catalogue as plain data.
+
+    Each verdict is appended to ``ledger`` as it comes; with ``resume`` the
+    verdicts it holds under the same :func:`verdict_key` are not measured again.
+    The report covers every bug and layer of the catalogue: what this run did
+    not measure comes from the ledger (``partial`` while something is missing),
+    so a catalogue measured in parts, over several sessions, makes one table.
+    """
     started = time.monotonic()
-    mutated = {bug.name: apply_bug((ROOT / bug.file).read_text(), bug) for bug in bugs}
+    mutated = {bug.name: apply_bug((ROOT / bug.file).read_text(), bug) for bug in CATALOGUE}
+    keys = {(b.name, c.name): verdict_key(c, b, mutated[b.name])
+            for b in CATALOGUE for c in LAYERS}
+    known = load_verdicts(ledger) if ledger is not None else {}
+    cached = known if resume else {}
+
+    def stored(bug: Bug, layer: Command, rows: dict[tuple[str, str, str], dict[str, Any]]
+               ) -> dict[str, Any] | None:
+        return rows.get((bug.name, layer.name, keys[bug.name, layer.name]))
+
+    todo = {b.name: [c for c in layers if _applies(c, b) and stored(b, c, cached) is None]
+            for b in bugs}
+    out = _Ledger(ledger)
+    new: dict[tuple[str, str], dict[str, Any]] = {}
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="htmqc-catalogue-") as tmp:
         shadows: queue.Queue[Shadow] = queue.Queue()
@@ -125,85 +202,82 @@ def run_catalogue(
         first = shadows.get()
         base: dict[str, str] = {}
         for layer in layers:
-            in_scope = [b for b in bugs if _applies(layer, b)]
-            if not in_scope:
-                base[layer.name] = "not run"
+            wanting = [b for b in bugs if layer in todo[b.name]]
+            if not wanting:
                 continue
-            outcome = run_command(layer, first, first.path_of(in_scope[0].file), timeout)
+            outcome = run_command(layer, first, first.path_of(wanting[0].file), timeout)
             base[layer.name] = outcome.verdict
             print(f"unmutated {layer.name:<13} {outcome.verdict:<8} {outcome.seconds:6.1f}s",
                   flush=True)
             if outcome.detects:
                 base[layer.name] = "broken"
                 notes.append(f"Layer {layer.name} fails on the unmutated tree: not counted.")
-            elif not layer.reads_code:
-                notes.append(f"Layer {layer.name} reads no code under test: run once, "
-                             "unmutated; it cannot catch a code bug.")
         shadows.put(first)
 
-        def trial(bug: Bug) -> dict[str, Any]:
-            shadow = shadows.get()
+        def record(bug: Bug, layer: Command, verdict: str, seconds: float) -> None:
+            row = {"bug": bug.name, "layer": layer.name, "key": keys[bug.name, layer.name],
+                   "verdict": verdict, "seconds": round(seconds, 1),
+                   "measured": time.strftime("%Y-%m-%d", time.gmtime())}
+            new[bug.name, layer.name] = row
+            out.add(row)
+
+        def trial(bug: Bug) -> None:
+            if not todo[bug.name]:
+                return
             began = time.monotonic()
-            verdicts: dict[str, str] = {}
+            shadow = shadows.get()
             try:
                 with shadow.mutated(bug.file, mutated[bug.name]) as path:
-                    for layer in layers:
-                        if not _applies(layer, bug):
-                            verdicts[layer.name] = "not run"
-                            continue
+                    for layer in todo[bug.name]:
                         if base[layer.name] in ("broken", "skipped") or not layer.reads_code:
-                            verdicts[layer.name] = base[layer.name]
+                            record(bug, layer, base[layer.name], 0.0)
                             continue
-                        verdicts[layer.name] = run_command(layer, shadow, path, timeout).verdict
+                        outcome = run_command(layer, shadow, path, timeout)
+                        record(bug, layer, outcome.verdict, outcome.seconds)
             finally:
                 shadows.put(shadow)
+            verdicts = {c.name: new[bug.name, c.name]["verdict"] for c in todo[bug.name]}
             caught = [name for name, v in verdicts.items() if v in ("fail", "timeout")]
-            print(f"{bug.name:<30} caught by: {', '.join(caught) or 'NOTHING'}", flush=True)
-            return {
-                **{k: v for k, v in asdict(bug).items() if k != "expected"},
-                "expected": list(bug.expected),
-                "layers": verdicts,
-                "caught_by": caught,
-                "seconds": round(time.monotonic() - began, 1),
-            }
+            print(f"{bug.name:<30} {time.monotonic() - began:6.0f}s caught by: "
+                  f"{', '.join(caught) or 'none of ' + ', '.join(verdicts)}", flush=True)
 
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            entries = list(pool.map(trial, bugs))
+            list(pool.map(trial, bugs))
+    # the rows of this run first, then the ledger's (resumed or not, a bug or
+    # layer this run did not select is reported from it)
+    entries, missing, layer_seconds, dates = [], 0, 0.0, set()
+    for bug in CATALOGUE:
+        verdicts: dict[str, str] = {}
+        for layer in LAYERS:
+            if not _applies(layer, bug):
+                verdicts[layer.name] = "not run"
+                continue
+            row = new.get((bug.name, layer.name)) or stored(bug, layer, known)
+            if row is None:
+                missing += 1
+                continue
+            verdicts[layer.name] = row["verdict"]
+            layer_seconds += row["seconds"]
+            dates.add(row["measured"])
+        entries.append({
+            **{k: v for k, v in asdict(bug).items() if k != "expected"},
+            "expected": list(bug.expected),
+            "layers": verdicts,
+            "caught_by": [n for n, v in verdicts.items() if v in ("fail", "timeout")],
+        })
+    notes += [f"Layer {c.name} reads no code under test: run once, unmutated; it cannot "
+              "catch a code bug." for c in LAYERS if not c.reads_code]
     return {
         "sources": catalogue_sources(),
-        "partial": len(bugs) != len(CATALOGUE) or len(layers) != len(LAYERS),
-        "layers": [layer.name for layer in layers],
+        "partial": missing > 0,
+        "missing": missing,
+        "layers": [layer.name for layer in LAYERS],
         "timeout_seconds": timeout,
         "wall_seconds": round(time.monotonic() - started, 1),
+        "layer_seconds": round(layer_seconds, 1),
+        "measured": sorted(dates),
         "notes": notes,
         "entries": entries,
-    }
-
-
-def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """``old`` with the verdicts of ``new`` laid over it (same sources): for
-    running one layer, or some bugs, again without running everything."""
-    if old.get("sources") != new["sources"]:
-        return new
-    entries = {e["name"]: e for e in old["entries"]}
-    for entry in new["entries"]:
-        kept = entries.get(entry["name"], {"layers": {}})
-        layers = {**kept["layers"], **entry["layers"]}
-        entries[entry["name"]] = {
-            **entry,
-            "layers": layers,
-            "caught_by": [n for n, v in layers.items() if v in ("fail", "timeout")],
-        }
-    names = set(old["layers"]) | set(new["layers"])
-    ordered = [e for b in CATALOGUE if (e := entries.get(b.name)) is not None]
-    return {
-        **new,
-        "partial": len(ordered) != len(CATALOGUE) or len(names) != len(LAYERS),
-        "layers": [c.name for c in LAYERS if c.name in names],
-        "wall_seconds": round(old["wall_seconds"] + new["wall_seconds"], 1),
-        # a note names its layer second ("Layer NAME ..."); the new run's notes win
-        "notes": [n for n in old["notes"] if n.split()[1] not in new["layers"]] + new["notes"],
-        "entries": ordered,
     }
 
 
@@ -211,15 +285,17 @@ def main(args: argparse.Namespace) -> int:
     bugs, layers = select(
         args.only and args.only.split(","), args.layers and args.layers.split(",")
     )
-    data = run_catalogue(bugs, layers, args.timeout, args.workers)
-    if args.merge and report.CATALOGUE_REPORT.exists():
-        data = merge(report.read_json(report.CATALOGUE_REPORT, "catalogue"), data)
+    report.CATALOGUE_LEDGER.parent.mkdir(parents=True, exist_ok=True)
+    data = run_catalogue(bugs, layers, args.timeout, args.workers,
+                         ledger=report.CATALOGUE_LEDGER, resume=args.resume)
     report.write_json(report.CATALOGUE_REPORT, data)
     if not data["partial"]:
         report.refresh_readme(report.CATALOGUE_BLOCK, data)
-    uncaught = [e["name"] for e in data["entries"] if not e["caught_by"]]
-    print(f"catalogue: {len(data['entries'])} bugs, {len(uncaught)} caught by no layer; "
-          f"{data['wall_seconds']:.0f}s; report: {report.CATALOGUE_REPORT.relative_to(ROOT)}")
+    uncaught = [e["name"] for e in data["entries"]
+                if not e["caught_by"] and len(e["layers"]) == len(LAYERS)]
+    print(f"catalogue: {len(data['entries'])} bugs, {len(uncaught)} caught by no layer, "
+          f"{data['missing']} verdicts not measured yet; {data['wall_seconds']:.0f}s; "
+          f"report: {report.CATALOGUE_REPORT.relative_to(ROOT)}")
     for name in uncaught:
         print(f"UNCAUGHT {name}")
     return 1 if uncaught else 0
@@ -232,6 +308,6 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--layers", help=f"comma-separated, from: {', '.join(c.name for c in LAYERS)}")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per layer")
     p.add_argument("--workers", type=int, default=2, choices=(1, 2))
-    p.add_argument("--merge", action="store_true",
-                   help="lay these verdicts over build/mutation/catalogue.json (same sources)")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse the verdicts in spec/catalogue-results.jsonl")
     p.set_defaults(func=main)

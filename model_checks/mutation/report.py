@@ -1,6 +1,7 @@
 """Reports of the mutation run and the catalogue, and their sections of ``spec/README.md``.
 
-``spec/mutation-results.jsonl`` (:data:`LEDGER`) holds every mutant's result;
+``spec/mutation-results.jsonl`` (:data:`LEDGER`) holds every mutant's result,
+``spec/catalogue-results.jsonl`` (:data:`CATALOGUE_LEDGER`) every catalogue verdict;
 ``build/mutation/report.json`` and ``build/mutation/catalogue.json`` are the data;
 ``spec/README.md`` carries a generated summary of each between
 ``<!-- BEGIN GENERATED: NAME -->`` and ``<!-- END GENERATED: NAME -->``
@@ -31,6 +32,8 @@ LEDGER = ROOT / "spec" / "mutation-results.jsonl"
 REPORT = BUILD / "report.json"
 SURVIVORS = BUILD / "survivors.md"
 CATALOGUE_REPORT = BUILD / "catalogue.json"
+#: Every catalogue verdict (bug, layer) measured so far, kept for the same reason.
+CATALOGUE_LEDGER = ROOT / "spec" / "catalogue-results.jsonl"
 README = ROOT / "spec" / "README.md"
 MUTATION_BLOCK = "mutation"
 CATALOGUE_BLOCK = "mutation-catalogue"
@@ -127,7 +130,8 @@ def render_catalogue(report: Mapping[str, Any]) -> str:
         "`python -m model_checks.mutation catalogue`: each named bug applied alone, each "
         "layer run separately (✓ caught, · not caught, pending: layer not merged yet, "
         "broken: fails unmutated, blank: not run; "
-        f"{report['wall_seconds'] / 60:.0f} min wall).",
+        f"{report['layer_seconds'] / 3600:.1f} h of layer runs, measured "
+        f"{', '.join(report['measured'])}).",
         "",
         "| bug | " + " | ".join(layers) + " | expected |",
         "|---|" + "---|" * (len(layers) + 1),

@@ -15,14 +15,15 @@ from pathlib import Path
 import pytest
 
 from htmqc.errors import UsageError
-from model_checks.mutation import config, equivalent, kill, report
+from model_checks.mutation import catalogue_run, config, equivalent, kill, report
 from model_checks.mutation.catalogue import CATALOGUE, Bug
-from model_checks.mutation.catalogue_run import apply_bug, merge, run_catalogue, select
+from model_checks.mutation.catalogue_run import apply_bug, run_catalogue, select
 from model_checks.mutation.execute import Outcome
 from model_checks.mutation.mutants import Mutant, generate
 from model_checks.mutation.shadow import Shadow
 
 ROOT = config.ROOT
+SRC = ROOT / "src"
 PARTITION = "src/htmqc/core/partition.py"
 
 
@@ -301,7 +302,8 @@ def test_summary_counts_equivalents_out_of_the_score() -> None:
 
 def test_readme_sections_round_trip(tmp_path: Path) -> None:
     data = _mutation_report()
-    catalogue = {"layers": ["vectors", "tests-core"], "wall_seconds": 60.0, "sources": "s2",
+    catalogue = {"layers": ["vectors", "tests-core"], "layer_seconds": 60.0, "sources": "s2",
+                 "measured": ["2026-12-07"],
                  "notes": [], "entries": [{"name": "b", "expected": ["tests-core"],
                  "layers": {"vectors": "skipped", "tests-core": "fail"},
                  "caught_by": ["tests-core"]}]}
@@ -329,26 +331,68 @@ def test_readme_sections_round_trip(tmp_path: Path) -> None:
     assert any("differs" in p for p in report.stale_sections(sources, readme, sections))
 
 
-def test_a_layer_run_again_is_merged_into_the_catalogue() -> None:
-    def entry(name: str, layers: dict[str, str]) -> dict[str, object]:
-        caught = [n for n, v in layers.items() if v == "fail"]
-        return {"name": name, "layers": layers, "caught_by": caught, "expected": []}
+def test_the_catalogue_is_measured_in_parts_through_its_ledger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run appends each verdict; ``resume`` measures only what the ledger lacks;
+    the report covers the whole catalogue, ``partial`` until nothing is missing; a
+    changed bug (its key) is measured again; ``broken`` is never stored."""
+    calls: list[tuple[str, str]] = []
 
-    first, second = CATALOGUE[0].name, CATALOGUE[1].name
-    old = {"sources": "s", "layers": ["proofs", "tests-core"], "wall_seconds": 10.0,
-           "notes": ["Layer formal fails on the unmutated tree: not counted."],
-           "entries": [entry(first, {"proofs": "pass", "tests-core": "fail"}),
-                       entry(second, {"proofs": "pass", "tests-core": "fail"})]}
-    new = {"sources": "s", "layers": ["formal"], "wall_seconds": 5.0, "notes": [],
-           "entries": [entry(second, {"formal": "fail"})]}
-    merged = merge(old, new)
-    assert merged["layers"] == ["proofs", "formal", "tests-core"]
-    assert [e["caught_by"] for e in merged["entries"]] == [["tests-core"],
-                                                           ["tests-core", "formal"]]
-    assert merged["entries"][1]["layers"] == {"proofs": "pass", "tests-core": "fail",
-                                              "formal": "fail"}
-    assert merged["notes"] == [] and merged["wall_seconds"] == 15.0 and merged["partial"]
-    assert merge({**old, "sources": "other"}, new) == new
+    def fake(command: config.Command, shadow: Shadow, mutated: Path, timeout: float) -> Outcome:
+        unmutated = mutated.read_text() == (SRC / mutated.relative_to(shadow.src)).read_text()
+        calls.append((command.name, "unmutated" if unmutated else mutated.name))
+        verdict = "pass" if unmutated or command.name == "proofs" else "fail"
+        return Outcome(command.name, verdict, 2.0)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(catalogue_run, "run_command", fake)
+    ledger = tmp_path / "c.jsonl"
+    two = [b.name for b in CATALOGUE[:2]]
+    bugs, layers = select(two, ["proofs", "vectors"])
+    data = run_catalogue(bugs, layers, 60, workers=1, ledger=ledger)
+    rows = catalogue_run.load_verdicts(ledger)
+    assert {(b, c) for b, c, _ in rows} == {(b, c) for b in two for c in ("proofs", "vectors")}
+    assert data["partial"] and data["layers"] == [c.name for c in config.LAYERS]
+    first = data["entries"][0]
+    assert first["layers"] == {"proofs": "pass", "vectors": "fail", "tests-sinks": "not run"}
+    assert first["caught_by"] == ["vectors"] and data["layer_seconds"] == 8.0
+    assert data["missing"] == sum(
+        catalogue_run._applies(c, b) for b in CATALOGUE for c in config.LAYERS) - 4
+
+    calls.clear()  # the same selection again: nothing left to measure
+    again = run_catalogue(bugs, layers, 60, workers=1, ledger=ledger, resume=True)
+    assert calls == [] and again["entries"] == data["entries"]
+    calls.clear()  # without resume, measured again (and appended)
+    run_catalogue(bugs[:1], layers[:1], 60, workers=1, ledger=ledger)
+    assert len(calls) == 2 and len(ledger.read_text().splitlines()) == 5
+
+    calls.clear()  # another bug and layer: only those are measured; the rest is read
+    bugs3, layers3 = select([two[0], CATALOGUE[2].name], ["proofs", "spec-tests"])
+    third = run_catalogue(bugs3, layers3, 60, workers=1, ledger=ledger, resume=True)
+    assert sorted(calls) == sorted([("proofs", "unmutated"), ("spec-tests", "unmutated"),
+                                    ("proofs", Path(CATALOGUE[2].file).name),
+                                    ("spec-tests", Path(CATALOGUE[0].file).name),
+                                    ("spec-tests", Path(CATALOGUE[2].file).name)])
+    assert third["entries"][1]["layers"] == {"proofs": "pass", "vectors": "fail",
+                                             "tests-sinks": "not run"}
+    assert third["missing"] == data["missing"] - 3
+
+    changed = replace(CATALOGUE[0], new=CATALOGUE[0].new + "  # changed")
+    monkeypatch.setattr(catalogue_run, "CATALOGUE", (changed, *CATALOGUE[1:]))
+    calls.clear()  # a changed bug has another key: measured again
+    run_catalogue([changed], layers[:1], 60, workers=1, ledger=ledger, resume=True)
+    assert len(calls) == 2
+
+    def broken(command: config.Command, shadow: Shadow, mutated: Path, timeout: float
+               ) -> Outcome:
+        return Outcome(command.name, "fail", 1.0)
+
+    monkeypatch.setattr(catalogue_run, "run_command", broken)
+    before = ledger.read_text()
+    out = run_catalogue([CATALOGUE[3]], layers[:1], 60, workers=1, ledger=ledger, resume=True)
+    assert ledger.read_text() == before  # a broken layer says nothing about the bug
+    assert out["entries"][3]["layers"]["proofs"] == "broken"
+    assert "Layer proofs fails on the unmutated tree: not counted." in out["notes"]
 
 
 # -- shadow tree and one real layer -----------------------------------------------------
@@ -394,5 +438,6 @@ def test_checks_import_the_mutated_copy_even_under_pytest(tmp_path: Path) -> Non
 def test_one_bug_is_caught_by_one_cheap_layer() -> None:
     bugs, layers = select(["commit-hands-out-next"], ["spec-tests"])
     data = run_catalogue(bugs, layers, timeout=300, workers=1)
-    assert data["notes"] == []  # the layer passes on the unmutated tree
-    assert data["entries"][0]["caught_by"] == ["spec-tests"]
+    assert not any("fails on the unmutated tree" in n for n in data["notes"])
+    (entry,) = (e for e in data["entries"] if e["name"] == "commit-hands-out-next")
+    assert entry["caught_by"] == ["spec-tests"]
