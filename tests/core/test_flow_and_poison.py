@@ -265,6 +265,14 @@ def test_failures_spread_wider_than_the_window_are_not_poison(threshold, window)
     assert not any(d.failed("m", i * window * 1.01) for i in range(threshold * 3))
 
 
+@pytest.mark.parametrize(("threshold", "window"), [(0, 1.0), (-1, 1.0), (1, 0.0), (1, -0.5)])
+def test_a_detector_that_could_not_count_is_refused(threshold: int, window: float) -> None:
+    """At least one failure, within a window longer than no time at all."""
+    with pytest.raises(ValueError, match=r"threshold must be >= 1|window must be > 0"):
+        PoisonDetector(threshold, window)
+    assert PoisonDetector(1, 1e-9).failed("m", 0.0)  # the smallest accepted counts
+
+
 def test_poison_counts_each_message_alone_and_forgets() -> None:
     d = PoisonDetector(threshold=2, window=10)
     assert not d.failed("a", 0.0)

@@ -1,5 +1,7 @@
 """The two forms of the offset invariant and the map between them."""
 
+import itertools
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -20,6 +22,18 @@ def test_the_forms_agree_on_every_triple(c: int, p: int, n: int) -> None:
     w = Watermarks(c, p, n)
     assert holds(w) == holds_inclusive(to_inclusive(w))
     assert from_inclusive(to_inclusive(w)) == w
+
+
+def test_the_forms_agree_on_every_small_triple() -> None:
+    """Every triple around the boundaries (each value within 2 of the others):
+    where ``<`` and ``<=`` differ, which random triples of large integers miss."""
+    small = range(-2, 3)
+    for c, p, n in itertools.product(small, small, small):
+        w = Watermarks(c, p, n)
+        inclusive = to_inclusive(w)
+        assert holds(w) == (c <= p <= n)
+        assert holds_inclusive(inclusive) == holds(w), (w, inclusive)
+        assert from_inclusive(inclusive) == w
 
 
 def test_the_seed_example() -> None:

@@ -18,9 +18,11 @@ from htmqc.core.contracts import ENABLED
 
 
 class PoisonDetector:
-    """Counts each message's recent failures (see module docs)."""
+    """Counts each message's recent failures (see module docs). ``threshold`` and
+    ``window`` have no defaults here: the runtime's option schema holds them
+    (``--poison-threshold``, ``--poison-window``)."""
 
-    def __init__(self, threshold: int = 5, window: float = 60.0) -> None:
+    def __init__(self, threshold: int, window: float) -> None:
         if threshold < 1:
             raise ValueError(f"threshold must be >= 1, got {threshold}")
         if window <= 0:
