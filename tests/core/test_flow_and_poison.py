@@ -273,6 +273,23 @@ def test_a_detector_that_could_not_count_is_refused(threshold: int, window: floa
     assert PoisonDetector(1, 1e-9).failed("m", 0.0)  # the smallest accepted counts
 
 
+def test_a_failure_exactly_a_window_old_no_longer_counts() -> None:
+    """The window is half-open: a failure ``window`` seconds before ``now`` has
+    left it, one a moment less old has not (the oldest goes first)."""
+    d = PoisonDetector(threshold=2, window=10.0)
+    assert not d.failed("m", 0.0) and not d.failed("m", 10.0)  # 0.0 left as 10.0 came
+    assert d.failed("m", 19.5)  # 10.0 is still inside
+    d = PoisonDetector(threshold=3, window=10.0)
+    assert not d.failed("m", 0.0) and not d.failed("m", 5.0)
+    assert not d.failed("m", 12.0)  # 0.0 left; 5.0 and 12.0 count
+    assert d.failed("m", 13.0)
+
+
+def test_a_message_past_its_threshold_stays_poison() -> None:
+    d = PoisonDetector(threshold=2, window=10.0)
+    assert [d.failed("m", t) for t in (0.0, 1.0, 2.0, 3.0)] == [False, True, True, True]
+
+
 def test_poison_counts_each_message_alone_and_forgets() -> None:
     d = PoisonDetector(threshold=2, window=10)
     assert not d.failed("a", 0.0)

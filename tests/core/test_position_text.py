@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from htmqc.core.position_text import (
+    MAX_DECODED_OFFSETS,
     decode_finished,
     decode_metadata,
     encode_finished,
@@ -46,3 +47,15 @@ def test_malformed_text_is_rejected(bad: str) -> None:
 def test_foreign_metadata_means_nothing_finished_above() -> None:
     assert decode_metadata(5, "") == () and decode_metadata(5, None) == ()
     assert decode_metadata(5, "written by another tool") == ()
+
+
+def test_the_decoding_cap_is_the_largest_window() -> None:
+    """:data:`MAX_DECODED_OFFSETS` is the largest in-flight window the options
+    allow (``--max-in-flight``'s upper limit): the most a consumer's own
+    metadata can hold, and no more for a hostile one to make it allocate."""
+    from dataclasses import fields
+
+    from htmqc.runtime.options import RunOptions
+
+    (window,) = [f for f in fields(RunOptions) if f.name == "max_in_flight"]
+    assert window.metadata["htmqc"].limits[1] == MAX_DECODED_OFFSETS

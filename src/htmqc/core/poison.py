@@ -1,7 +1,8 @@
 """Poison-pill detection: a message that keeps failing fast is taken out at once.
 
 A message is *poison* when it has failed ``threshold`` times within ``window``
-seconds (its own failures only), whatever the retry budget says: it goes to the
+seconds (its own failures only; the window is half-open: at ``now`` a failure
+at ``now - window`` has left it), whatever the retry budget says: it goes to the
 poison dead-letter queue instead of being retried, so one message can never
 crash-loop a consumer. The runtime also reports a handler that killed its
 worker as a failure here. Memory: one short list of timestamps per message
