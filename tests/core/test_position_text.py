@@ -59,3 +59,29 @@ def test_the_decoding_cap_is_the_largest_window() -> None:
 
     (window,) = [f for f in fields(RunOptions) if f.name == "max_in_flight"]
     assert window.metadata["htmqc"].limits[1] == MAX_DECODED_OFFSETS
+
+
+@pytest.mark.parametrize("text", ["-1", "-1:2", "0:0", "0:-1", "3,-2"])
+def test_negative_gaps_and_empty_runs_are_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="bad finished-above item"):
+        decode_finished(100, text)
+
+
+@pytest.mark.parametrize(
+    ("text", "fits"),
+    [("0:10", True), ("0:11", False), ("0:5,0:5", True), ("0:5,0:6", False),
+     ("0:4,0:4,0:2", True), ("0:4,0:4,0:3", False), ("1,0:9", True), ("1,0:10", False)],
+)
+def test_the_cap_counts_every_offset_decoded_so_far(
+    text: str, fits: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a cap of 10 (the real one is ten million): exactly 10 offsets
+    decode, one more is refused, however the items split them."""
+    from htmqc.core import position_text
+
+    monkeypatch.setattr(position_text, "MAX_DECODED_OFFSETS", 10)
+    if fits:
+        assert len(decode_finished(0, text)) == 10
+    else:
+        with pytest.raises(ValueError, match="holds more than 10 offsets"):
+            decode_finished(0, text)
