@@ -1,6 +1,8 @@
 """Backoff and the retry decision, as properties."""
 
 import math
+import re
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -60,3 +62,18 @@ def test_classification_of_handler_exceptions() -> None:
     assert classify(Deadlock(), mapping) is FailureKind.PERMANENT  # most specific wins
     assert classify(DatabaseBusy(), mapping) is FailureKind.RETRYABLE
     assert classify(ValueError(), {Exception: FailureKind.PERMANENT}) is FailureKind.PERMANENT
+
+
+def test_the_default_policy_is_the_one_the_spec_states() -> None:
+    """spec/README.md §4 states the core's default policy (a core built without
+    one uses it, and the retry options take their defaults from it)."""
+    spec = (Path(__file__).resolve().parents[2] / "spec" / "README.md").read_text()
+    section = spec.split("## 4. ", 1)[1].split("\n## ", 1)[0]
+    stated = re.search(
+        r"`max_retries` \(integer ≥ 0,\s+default (\d+)\).*?defaults ([\d.]+) and ([\d.]+)\)",
+        section, re.S,
+    )
+    assert stated, "spec/README.md §4 no longer states the default policy"
+    p = RetryPolicy()
+    assert (p.max_retries, p.base_delay, p.max_delay) == (
+        int(stated[1]), float(stated[2]), float(stated[3]))

@@ -15,6 +15,7 @@ from typing import Any
 
 from htmqc.core.breaker import BreakerPolicy
 from htmqc.core.metadata_budget import DEFAULT_LIMIT, MIN_LIMIT
+from htmqc.core.retry import RetryPolicy
 
 AT_LEAST_ONCE = "at-least-once"
 EXACTLY_ONCE = "exactly-once"
@@ -68,6 +69,8 @@ SINK_DEFAULTS: dict[str, dict[str, Any]] = {
 
 #: The circuit breaker's failure-rate window (seconds): the core's, not an option.
 _BREAKER_WINDOW = BreakerPolicy().window
+#: The core's default retry policy (spec §4): the retry options' defaults.
+_RETRY = RetryPolicy()
 
 #: A bound: ``(lowest, highest, lowest allowed itself)``.
 Limits = tuple[float, float, bool]
@@ -242,11 +245,16 @@ class RunOptions:
         10.0, "how long to wait for the broker", limits=(0, 86_400, False)
     )
     trace: str | None = opt(None, "append core transitions as JSON lines", metavar="FILE")
-    max_retries: int = opt(3, "retries before dead-lettering", limits=(0, 1_000_000, True))
-    backoff_ms: float = opt(
-        100.0, "first retry backoff, full jitter", limits=(0, 86_400_000, True)
+    max_retries: int = opt(
+        _RETRY.max_retries, "retries before dead-lettering", limits=(0, 1_000_000, True)
     )
-    backoff_max_ms: float = opt(30_000.0, "backoff cap", limits=(0, 86_400_000, True))
+    backoff_ms: float = opt(
+        _RETRY.base_delay * 1000.0, "first retry backoff, full jitter",
+        limits=(0, 86_400_000, True),
+    )
+    backoff_max_ms: float = opt(
+        _RETRY.max_delay * 1000.0, "backoff cap", limits=(0, 86_400_000, True)
+    )
     breaker_consecutive: int = opt(
         10, "different messages failing in a row with one error class that open the "
         "circuit breaker (a number above the stream's size turns this trigger off)",
