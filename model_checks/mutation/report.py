@@ -122,27 +122,41 @@ def render_survivors(report: Mapping[str, Any]) -> str:
 
 
 def render_catalogue(report: Mapping[str, Any]) -> str:
-    """The ``mutation-catalogue`` block: one row per named bug, one column per layer."""
+    """The ``mutation-catalogue`` block: one row per named bug, one column per layer;
+    a verdict the ledger does not hold yet shows as ``?``."""
     layers: list[str] = report["layers"]
     mark = {"fail": "✓", "timeout": "✓ (timeout)", "pass": "·", "skipped": "pending",
-            "broken": "broken", "not run": ""}
+            "broken": "broken", "not run": "", "missing": "?"}
+    entries = report["entries"]
+    whole = [e for e in entries if all(layer in e["layers"] for layer in layers)]
+    measured = sum(len(e["layers"]) for e in entries)
     lines = [
         "`python -m model_checks.mutation catalogue`: each named bug applied alone, each "
-        "layer run separately (✓ caught, · not caught, pending: layer not merged yet, "
-        "broken: fails unmutated, blank: not run; "
+        "layer run separately (✓ caught, · not caught, ?: not measured yet, pending: "
+        "layer not merged yet, broken: fails unmutated, blank: not run; "
         f"{report['layer_seconds'] / 3600:.1f} h of layer runs, measured "
         f"{', '.join(report['measured'])}).",
+    ]
+    if report.get("missing"):
+        lines.append(
+            f"Partial: {report['missing']} of {measured + report['missing']} verdicts not "
+            f"measured yet; {len(whole)} of {len(entries)} bugs have every layer's."
+        )
+    lines += [
         "",
         "| bug | " + " | ".join(layers) + " | expected |",
         "|---|" + "---|" * (len(layers) + 1),
     ]
-    for entry in report["entries"]:
-        cells = [mark[entry["layers"].get(layer, "not run")] for layer in layers]
+    for entry in entries:
+        cells = [mark[entry["layers"].get(layer, "missing")] for layer in layers]
         lines.append(
             f"| `{entry['name']}` | " + " | ".join(cells) + f" | {', '.join(entry['expected'])} |"
         )
-    uncaught = [e["name"] for e in report["entries"] if not e["caught_by"]]
-    lines += ["", f"Caught by no layer: {', '.join(uncaught) if uncaught else 'none'}."]
+    uncaught = [e["name"] for e in entries if not e["caught_by"] and e in whole]
+    unseen = [e["name"] for e in entries if not e["caught_by"] and e not in whole]
+    lines += ["", f"Caught by no layer: {', '.join(uncaught) if uncaught else 'none'}"
+              + (f" (not caught yet, layers still to measure: {', '.join(unseen)})"
+                 if unseen else "") + "."]
     notes = report.get("notes") or []
     lines += [f"{note}" for note in notes]
     return "\n".join(lines)

@@ -300,6 +300,23 @@ def test_summary_counts_equivalents_out_of_the_score() -> None:
     assert s["score"] == 0.5
 
 
+def test_a_partial_catalogue_shows_what_is_not_measured_yet() -> None:
+    entries = [
+        {"name": "a", "expected": [], "layers": {"vectors": "fail", "tests-core": "pass"},
+         "caught_by": ["vectors"]},
+        {"name": "b", "expected": [], "layers": {"vectors": "pass"}, "caught_by": []},
+        {"name": "c", "expected": [], "layers": {"vectors": "pass", "tests-core": "pass"},
+         "caught_by": []},
+    ]
+    text = report.render_catalogue({"layers": ["vectors", "tests-core"], "layer_seconds": 7200.0,
+                                    "measured": ["2026-12-07"], "missing": 1, "notes": [],
+                                    "entries": entries})
+    assert "| `a` | ✓ | · |" in text and "| `b` | · | ? |" in text
+    assert "Partial: 1 of 6 verdicts not measured yet; 2 of 3 bugs have every layer's." in text
+    assert "Caught by no layer: c (not caught yet, layers still to measure: b)." in text
+    assert "2.0 h of layer runs, measured 2026-12-07" in text
+
+
 def test_readme_sections_round_trip(tmp_path: Path) -> None:
     data = _mutation_report()
     catalogue = {"layers": ["vectors", "tests-core"], "layer_seconds": 60.0, "sources": "s2",
@@ -362,6 +379,9 @@ def test_the_catalogue_is_measured_in_parts_through_its_ledger(
     calls.clear()  # the same selection again: nothing left to measure
     again = run_catalogue(bugs, layers, 60, workers=1, ledger=ledger, resume=True)
     assert calls == [] and again["entries"] == data["entries"]
+    cached = run_catalogue(CATALOGUE, config.LAYERS, 60, workers=1, ledger=ledger,
+                           cached_only=True)
+    assert calls == [] and cached["entries"] == data["entries"]
     calls.clear()  # without resume, measured again (and appended)
     run_catalogue(bugs[:1], layers[:1], 60, workers=1, ledger=ledger)
     assert len(calls) == 2 and len(ledger.read_text().splitlines()) == 5
