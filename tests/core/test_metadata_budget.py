@@ -390,16 +390,43 @@ def test_soft_threshold_admits_everything_until_the_text_passes_it() -> None:
     assert admissible(t, range(5000, 6000), 4096, soft=text - 1) == 0
 
 
-@given(st.integers(0, 1000), st.sets(st.integers(0, 4000), max_size=300), st.integers(0, 600))
+@st.composite
+def run_offsets(draw: st.DrawFn) -> set[int]:
+    """Offsets in runs: (gap, length) pairs from 0, some of them below where
+    ``committed`` will be, plus scattered ones; runs are what ``_runs`` finds."""
+    out: set[int] = set()
+    at = 0
+    for gap, length in draw(st.lists(st.tuples(st.integers(0, 120), st.integers(1, 40)),
+                                     max_size=30)):
+        at += gap
+        out.update(range(at, at + length))
+        at += length
+    return out | draw(st.sets(st.integers(0, 4000), max_size=60))
+
+
+@given(st.integers(0, 1000), st.sets(st.integers(0, 4000), max_size=300) | run_offsets(),
+       st.integers(0, 600))
 def test_fitting_prefix_is_the_longest_prefix_of_runs_that_fits(
     committed: int, offsets: set[int], budget: int
 ) -> None:
     kept = fitting_prefix(committed, sorted(offsets), budget)
     text = encode_finished(committed, kept)
     whole = encode_finished(committed, offsets)
-    assert len(text) <= budget and whole.startswith(text)
+    assert len(text) <= budget
     assert decode_finished(committed, text) == kept
     items = whole.split(",") if whole else []
     kept_items = text.split(",") if text else []
+    assert items[: len(kept_items)] == kept_items  # whole runs, each encoded as before
     if len(kept_items) < len(items):  # the next run would not have fitted
         assert len(",".join(items[: len(kept_items) + 1])) > budget
+
+
+def test_fitting_prefix_keeps_or_drops_a_run_whole() -> None:
+    # one run of five from committed: "0:5" is 3 bytes
+    assert fitting_prefix(10, range(10, 15), 2) == ()
+    assert fitting_prefix(10, range(10, 15), 3) == tuple(range(10, 15))
+    # runs 12-13 and 20-22: "2:2,6:3"; the first alone is 3 bytes
+    assert fitting_prefix(10, [12, 13, 20, 21, 22], 6) == (12, 13)
+    assert fitting_prefix(10, [12, 13, 20, 21, 22], 7) == (12, 13, 20, 21, 22)
+    # past the cached small integers (``is`` is not ``==`` there)
+    assert fitting_prefix(1000, range(1000, 1005), 3) == tuple(range(1000, 1005))
