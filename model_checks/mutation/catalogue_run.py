@@ -12,8 +12,9 @@ if a bug is caught by no layer.
 Every verdict is appended to ``spec/catalogue-results.jsonl``
 (:data:`~model_checks.mutation.report.CATALOGUE_LEDGER`) as it comes; with
 ``--resume`` a run measures only what the ledger lacks (:func:`verdict_key`), so
-the catalogue, about two hours of layer runs here, can be measured in parts
-(``--only``, ``--layers``, or an interrupted run) and still make one table.
+the catalogue, about five hours of one worker here (measured 2026-12-07), can be
+measured in parts (``--only``, ``--layers``, or an interrupted run) and still make
+one table.
 """
 
 from __future__ import annotations
