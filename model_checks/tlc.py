@@ -26,9 +26,10 @@ How TLC is run, and why (checked on this machine, 2026-11-22)
   scraping prose: 2110/2107 invariant violated, 2112 action property violated,
   2116 temporal property violated, 2114 deadlock, 2217 one counterexample
   state, 2199 state counts, 2194 depth, 1000-1099 and 2xxx errors classes.
-* Each run gets its own ``-metadir`` under ``build/tlc/meta/`` (TLC's
-  fingerprint and queue files) and ``-workers 1``: the CI box has two busy
-  cores, and one worker keeps state counts and counterexamples reproducible.
+* Each run gets a fresh ``-metadir`` under ``build/tlc/meta/`` for TLC's
+  fingerprint and queue files (two runs of one model side by side never share
+  one) and ``-workers 1``: the CI box has two busy cores, and one worker keeps
+  state counts and counterexamples reproducible.
 * Exit codes (TLC 2.15): 0 ok, 10 assumption, 11 deadlock, 12 safety,
   13 liveness, 14 assert, 75-77 evaluation, 150/151 parse, 152 state space
   too large, 153 system error, 255 other.
@@ -48,6 +49,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -258,9 +260,10 @@ def run_model(
             raise RuntimeFailure(
                 f"TLC model file {tla_dir / name} not found", "check tla/manifest.json"
             )
-    metadir = BUILD_DIR / "meta" / model
-    shutil.rmtree(metadir, ignore_errors=True)
-    metadir.parent.mkdir(parents=True, exist_ok=True)
+    # one directory per run, not per model: `make verify` runs its parts side by side,
+    # and two of them may check the same model at once
+    (BUILD_DIR / "meta").mkdir(parents=True, exist_ok=True)
+    metadir = Path(tempfile.mkdtemp(prefix=f"{model}-", dir=BUILD_DIR / "meta"))
     command = [
         java_executable(), "-XX:+UseParallelGC", "-cp", str(tla2tools_jar()), "tlc2.TLC",
         "-tool", "-workers", workers, "-metadir", str(metadir), "-config", config,

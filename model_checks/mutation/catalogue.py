@@ -205,14 +205,14 @@ CATALOGUE: tuple[Bug, ...] = (
         "f'UPDATE \"{t}\" SET fence = fence, updated_at = {self.now_sql} '",
         "a claim does not bump the partition's fence, so a zombie's commit with the "
         "old token is still accepted",
-        ("tests-sinks",),
+        ("formal", "tests-sinks"),
     ),
     Bug(
         "zombie-commit-accepted", SQL, "SqlTransaction.commit",
         "if row is None or int(row[0]) != fence:",
         "if row is None or int(row[0]) < fence:",
         "a commit carrying an older fence than the stored one (a zombie's) is accepted",
-        ("tests-sinks",),
+        ("formal", "tests-sinks"),
     ),
     Bug(
         "gate-never-reclaims", GATE, "Gate.tick",

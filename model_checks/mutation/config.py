@@ -147,9 +147,14 @@ LAYERS: tuple[Command, ...] = (
 
 def focused_tests(mutated: Path) -> Command | None:
     """The unit tests named after the mutated module (``tests/core/test_*partition*.py``
-    for ``partition.py``), run before every other check; ``None`` if there are none."""
+    for ``partition.py``), run before every other check; ``None`` if there are none.
+    CrossHair's own can-fail tests are never among them (``test_crosshair_gate.py``
+    matches ``gate.py``): they check a copy of the real core, not the mutant, under a
+    wall-clock budget, so they can only cost time or fail for want of it, as in
+    :data:`KILL_CHECKS`' ``unit``."""
     package = mutated.parent.name
-    found = sorted((ROOT / "tests" / package).glob(f"test_*{mutated.stem}*.py"))
+    found = sorted(p for p in (ROOT / "tests" / package).glob(f"test_*{mutated.stem}*.py")
+                   if p != ROOT / CROSSHAIR_TESTS)
     if not found:
         return None
     return Command("focused", (*PYTEST, *(str(p) for p in found)), "pytest")

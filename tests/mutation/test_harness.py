@@ -191,6 +191,17 @@ def test_a_pytest_check_runs_only_the_test_files_that_reach_the_mutated_node() -
     assert base.narrowed(vectors, mutant(246, (246, 246))) == vectors  # not pytest
 
 
+def test_focused_tests_are_named_after_the_module_but_never_crosshairs_own() -> None:
+    def files(module: str) -> list[str]:
+        command = config.focused_tests(ROOT / "src/htmqc/core" / module)
+        assert command is not None
+        return [Path(a).name for a in command.argv if a.endswith(".py")]
+
+    assert files("gate.py") == ["test_gate.py"]  # not test_crosshair_gate.py
+    assert "test_partition.py" in files("partition.py")
+    assert config.focused_tests(ROOT / "src/htmqc/core/no_such_module.py") is None
+
+
 @pytest.mark.slow  # runs pytest (under coverage) in a child
 def test_the_baseline_charges_lines_to_test_files(tmp_path: Path) -> None:
     """The contexts plugin under coverage: lines of one test file apart from another's

@@ -5,6 +5,11 @@ and crashes of two members sharing one partition.
 One thread drives everything, so at most one member has a transaction open at
 a time and nobody claims while one is open (on SQLite a second writer would
 wait for the lock); the threaded tests in test_sql_sinks.py cover the races.
+
+A formal test: it is the code-level check of the fence that gives exactly-once
+(a claim bumps the token; a commit under any other token stores nothing), so
+``make verify`` rejects the catalogue's sink bugs (``fence-not-bumped``,
+``zombie-commit-accepted``) through it.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from htmqc.core import Commit, TopicPartition
 from htmqc.sinks import Fenced, open_sink
 from htmqc.sinks.sql import SqlSink, SqlTransaction
 from tests.services import postgres_url
+
+pytestmark = pytest.mark.formal
 
 TP: TopicPartition = ("topic", 0)
 MEMBERS = ("A", "B")
