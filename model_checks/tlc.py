@@ -260,44 +260,47 @@ def run_model(
             raise RuntimeFailure(
                 f"TLC model file {tla_dir / name} not found", "check tla/manifest.json"
             )
+    java, jar = java_executable(), tla2tools_jar()  # missing: raise before any directory
     # one directory per run, not per model: `make verify` runs its parts side by side,
     # and two of them may check the same model at once
     (BUILD_DIR / "meta").mkdir(parents=True, exist_ok=True)
     metadir = Path(tempfile.mkdtemp(prefix=f"{model}-", dir=BUILD_DIR / "meta"))
-    command = [
-        java_executable(), "-XX:+UseParallelGC", "-cp", str(tla2tools_jar()), "tlc2.TLC",
-        "-tool", "-workers", workers, "-metadir", str(metadir), "-config", config,
-    ]
-    if not check_deadlock:
-        command.append("-deadlock")
-    if coverage:
-        command += ["-coverage", "1"]
-    command += [*extra_args, module]
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        command, cwd=tla_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True,
-    )
-    timed_out = False
     try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        timed_out = True
-    seconds = time.monotonic() - started
-    (BUILD_DIR / "logs").mkdir(parents=True, exist_ok=True)
-    (BUILD_DIR / "logs" / f"{model}.log").write_text(output)
-    facts = parse_output(output)
-    if timed_out:
-        facts["violated"] = "timeout"
-        facts["errors"] = [f"stopped after {timeout:.0f} s"]
-    if facts["violated"] == "temporal":
-        # TLC does not name the temporal property; a config with one names it.
-        names = temporal_properties(tla_dir / config)
-        if len(names) == 1:
-            facts["violated"] = names[0]
-    shutil.rmtree(metadir, ignore_errors=True)
+        command = [
+            java, "-XX:+UseParallelGC", "-cp", str(jar), "tlc2.TLC",
+            "-tool", "-workers", workers, "-metadir", str(metadir), "-config", config,
+        ]
+        if not check_deadlock:
+            command.append("-deadlock")
+        if coverage:
+            command += ["-coverage", "1"]
+        command += [*extra_args, module]
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            command, cwd=tla_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, start_new_session=True,
+        )
+        timed_out = False
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+            timed_out = True
+        seconds = time.monotonic() - started
+        (BUILD_DIR / "logs").mkdir(parents=True, exist_ok=True)
+        (BUILD_DIR / "logs" / f"{model}.log").write_text(output)
+        facts = parse_output(output)
+        if timed_out:
+            facts["violated"] = "timeout"
+            facts["errors"] = [f"stopped after {timeout:.0f} s"]
+        if facts["violated"] == "temporal":
+            # TLC does not name the temporal property; a config with one names it.
+            names = temporal_properties(tla_dir / config)
+            if len(names) == 1:
+                facts["violated"] = names[0]
+    finally:
+        shutil.rmtree(metadir, ignore_errors=True)
     return TlcResult(
         model=model, module=module, config=config,
         passed=proc.returncode == 0 and not timed_out, exit_code=proc.returncode,

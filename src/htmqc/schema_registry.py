@@ -42,9 +42,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from htmqc.broker import _die_with_parent, free_port
+from htmqc.broker import _die_with_parent
 from htmqc.errors import RuntimeFailure
 from htmqc.kafka_cluster import java_binary
+from htmqc.loopback import free_port
 
 HOME_ENV = "HTMQC_APICURIO_HOME"
 #: Where ``make setup`` unpacks the distribution, in a source checkout.

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from htmqc.broker import Broker, free_port
+from htmqc.broker import Broker
+from htmqc.loopback import free_port
 from tests.broker.readback import TopicFactory, read_all
 
 pytestmark = pytest.mark.broker

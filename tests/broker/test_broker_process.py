@@ -13,9 +13,10 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Message, Producer
 
 from htmqc import broker as broker_module
-from htmqc.broker import Broker, create_topic, free_port, start_broker, wait_reachable
+from htmqc.broker import Broker, create_topic, start_broker, wait_reachable
 from htmqc.errors import RuntimeFailure, UsageError
 from htmqc.kafka_defaults import CLASSIC_ONLY, consumer_config, is_local, producer_config
+from htmqc.loopback import free_port
 from tests.broker.readback import TopicFactory
 
 pytestmark = pytest.mark.broker

@@ -137,6 +137,20 @@ def test_counter_spec_counterexample_from_a_real_tlc_run() -> None:
     assert [s.values["y"] for s in result.counterexample] == ["FALSE", "TRUE", "FALSE"]
     report = tlc.write_report([result], "test_counter")
     assert json.loads(report.read_text())[0]["violated"] == "Small"
+    assert not list((tlc.BUILD_DIR / "meta").glob("test_counter-*"))  # its metadir went
+
+
+def test_a_tlc_that_cannot_start_leaves_no_metadir_behind(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    def cannot_start(*args: object, **kwargs: object) -> None:
+        raise OSError("exec format error")
+
+    monkeypatch.setattr(tlc, "BUILD_DIR", tmp_path)
+    monkeypatch.setattr(tlc.subprocess, "Popen", cannot_start)
+    with pytest.raises(OSError, match="exec format error"):
+        tlc.run_model("test_counter", "Counter.tla", "Counter.cfg")
+    assert list((tmp_path / "meta").iterdir()) == []
 
 
 def _manifest(tmp_path: Path, expected: str) -> Path:

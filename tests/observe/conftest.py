@@ -3,7 +3,6 @@ and the system tools it needs (promtool, prometheus, chromium: ``tests.services`
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -17,13 +16,6 @@ from htmqc.observe import CoreStateSource, Metrics, ObserveServer
 ORDERS_0: TopicPartition = ("orders", 0)
 ORDERS_1: TopicPartition = ("orders", 1)
 AUDIT_3: TopicPartition = ("audit.events", 3)
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @dataclass
 class Scenario:

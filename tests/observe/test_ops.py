@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from htmqc.loopback import free_port
 from htmqc.observe import Metrics, ObserveServer
-from tests.observe.conftest import Scenario, free_port
+from tests.observe.conftest import Scenario
 from tests.observe.test_metrics import EXPOSED
 from tests.services import require_tool
 

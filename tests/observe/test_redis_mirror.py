@@ -10,6 +10,7 @@ import pytest
 
 from htmqc import secrets
 from htmqc.errors import UsageError
+from htmqc.loopback import free_port
 from htmqc.observe.redis_mirror import RedisMirror, encode_command, parse_redis_url
 from tests.observe.conftest import Scenario
 from tests.services import REDIS, require_redis
@@ -57,9 +58,7 @@ def test_mirror_writes_the_backpressure_document(scenario: Scenario) -> None:
 
 
 def test_a_redis_outage_does_not_stop_the_mirror(scenario: Scenario) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead = s.getsockname()[1]
+    dead = free_port()
     mirror = RedisMirror(f"redis://127.0.0.1:{dead}/0", "g", scenario.source(), interval=0.01)
     mirror.start()
     time.sleep(0.1)

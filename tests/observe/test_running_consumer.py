@@ -20,8 +20,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from htmqc.broker import Broker
+from htmqc.loopback import free_port
 from htmqc.produce import produce
-from tests.observe.conftest import free_port
 from tests.observe.test_ops import run_prometheus, wait_for_series
 from tests.observe.test_page import assert_page_matches, render
 from tests.runtime.test_run_broker import finish, htmqc_run, wait_for

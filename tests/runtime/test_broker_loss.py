@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 import htmqc.broker
-from htmqc.broker import Broker, create_topic, free_port, start_broker
+from htmqc.broker import Broker, create_topic, start_broker
+from htmqc.loopback import free_port
 from htmqc.produce import produce
 from tests.runtime.test_run_broker import finish, htmqc_run, wait_for
 

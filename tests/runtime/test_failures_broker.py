@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from htmqc.broker import Broker
+from htmqc.loopback import free_port
 from htmqc.produce import produce
-from tests.observe.conftest import free_port
 from tests.runtime.test_run_broker import (
     effect_ids,
     exactly_once_args,

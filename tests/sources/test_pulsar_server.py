@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from htmqc.errors import RuntimeFailure
+from htmqc.loopback import FLOOR, ephemeral_low
 from htmqc.sources.pulsar_server import PulsarServer, pulsar_libs, start_pulsar
 from tests.services import require_module, require_pulsar
 
@@ -120,6 +121,10 @@ def test_start_restart_and_stop_leave_nothing_running(pulsar_module: Any) -> Non
     with start_pulsar() as server:
         pid, work = server.process.pid if server.process else 0, server.work
         assert server.running() and server.rss_bytes() > 0
+        ports = (server.broker_port, server.web_port, server.bookie_port)
+        # Ports no outgoing connection can take while it is down (tests/test_loopback.py).
+        assert all(FLOOR <= p < ephemeral_low() for p in ports) and len(set(ports)) == 3
+        assert all(_port_open(p) for p in ports)
         topic = server.create_partitioned_topic("kept", 1)
         client = pulsar.Client(server.url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
         try:
@@ -133,6 +138,7 @@ def test_start_restart_and_stop_leave_nothing_running(pulsar_module: Any) -> Non
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
         pid = server.process.pid
+        assert all(_port_open(p) for p in ports)  # the bookie's too: the same ports
         client = pulsar.Client(server.url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
         try:
             consumer = subscribe(pulsar, client, topic)
@@ -140,7 +146,6 @@ def test_start_restart_and_stop_leave_nothing_running(pulsar_module: Any) -> Non
             consumer.close()
         finally:
             client.close()
-        ports = (server.broker_port, server.web_port)
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     assert not work.exists()

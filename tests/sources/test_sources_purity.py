@@ -14,11 +14,12 @@ SOURCES = Path(__file__).resolve().parents[2] / "src" / "htmqc" / "sources"
 #: The htmqc modules an adapter may import: errors, secrets to mask, the test message
 #: format, DLQ names, the shared consumer port (:mod:`htmqc.sources.pumped`), TLS from a URL
 #: (:mod:`htmqc.sources.tls`), who owns which Pulsar partition
-#: (:mod:`htmqc.sources.pulsar_members`: membership, no offsets) and the private servers.
+#: (:mod:`htmqc.sources.pulsar_members`: membership, no offsets), the private servers
+#: and the free ports they listen on (:mod:`htmqc.loopback`).
 ALLOWED = {
     "htmqc.errors", "htmqc.secrets", "htmqc.produce", "htmqc.dlq.record", "htmqc.sources.pumped",
     "htmqc.sources.tls", "htmqc.sources.pulsar_members", "htmqc.sources.nats_server",
-    "htmqc.sources.pulsar_server", "htmqc.sources.rabbitmq_server",
+    "htmqc.sources.pulsar_server", "htmqc.sources.rabbitmq_server", "htmqc.loopback",
 }  # fmt: skip
 #: The core's decision API (htmqc.core): only the runtime calls it.
 CORE_NAMES = {

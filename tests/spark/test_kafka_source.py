@@ -428,7 +428,7 @@ def test_a_wrong_address_or_partition_is_named(
 ) -> None:
     """Issue 21: an unknown partition in the offsets JSON was ignored; a wrong
     bootstrap gave _TRANSPORT without naming the address."""
-    from htmqc.broker import free_port
+    from htmqc.loopback import free_port
 
     topic = new_topic(partitions=2)
     produce(broker.bootstrap, topic, 10, keys=2)

@@ -131,7 +131,7 @@ def test_a_wrong_address_fails_the_first_planning_quickly_naming_the_reason(
     address and librdkafka's reason; a planner that reached the cluster waits longer."""
     import time
 
-    from htmqc.broker import free_port
+    from htmqc.loopback import free_port
 
     nowhere = f"127.0.0.1:{free_port()}"
     monkeypatch.setattr(kafka_source, "FIRST_CONTACT_SECONDS", 1.0)

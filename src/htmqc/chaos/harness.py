@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from htmqc.broker import Broker, _spawn, _wait_ready, broker_binary, create_topic, free_port
+from htmqc.broker import Broker, _spawn, _wait_ready, broker_binary, create_topic
 from htmqc.chaos.cluster import ClusterFront
 from htmqc.chaos.handler import CLIENT_ENV, CONTROL_ENV, TABLE_ENV
 from htmqc.chaos.injector import Injector, Member
@@ -73,6 +73,7 @@ from htmqc.chaos.store import RunStore
 from htmqc.errors import RuntimeFailure, UsageError
 from htmqc.kafka_cluster import TEST_SETTINGS, KafkaCluster, start_kafka
 from htmqc.kafka_defaults import LOCAL_BROKER_CONSUMER
+from htmqc.loopback import free_port
 from htmqc.produce import produce
 from htmqc.progress import progress
 from htmqc.sinks.sql import UNSAFE_DISABLE_FENCE_ENV

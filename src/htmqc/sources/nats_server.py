@@ -37,6 +37,7 @@ from pathlib import Path
 from types import TracebackType
 
 from htmqc.errors import RuntimeFailure
+from htmqc.loopback import free_port
 
 #: Seconds :func:`start_nats` waits for the server (JetStream recovery included).
 READY_SECONDS = 20.0
@@ -56,13 +57,6 @@ def nats_server_binary() -> str | None:
         if os.access(candidate, os.X_OK):
             return candidate
     return None
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -6,8 +6,9 @@ Contract
 from the jars ``make setup`` resolves into ``build/pulsar/libs`` (``$HTMQC_PULSAR_LIBS``
 overrides the folder): the metadata store is RocksDB (no ZooKeeper), one BookKeeper
 bookie runs in the same JVM, no functions worker and no stream storage. The broker's
-binary port and its admin (HTTP) port are free loopback ports unless given; the bookie
-takes a free port of its own, on loopback too. It waits until the broker logged that its
+binary port and its admin (HTTP) port are free loopback ports unless given, and the
+bookie gets one too (:func:`htmqc.loopback.free_ports`: below the kernel's ephemeral
+range, so a restart finds all three free again). It waits until the broker logged that its
 messaging service is ready and the admin API lists the ``public/default`` namespace, and
 returns a :class:`PulsarServer`. A port taken between probing and binding is retried
 with fresh ports.
@@ -59,7 +60,7 @@ from types import TracebackType
 from typing import Any
 
 from htmqc.errors import RuntimeFailure
-from htmqc.sources.nats_server import free_port
+from htmqc.loopback import free_ports
 from htmqc.sources.tls import ServerTls
 
 LIBS_ENV = "HTMQC_PULSAR_LIBS"
@@ -100,8 +101,10 @@ SETTINGS: Mapping[str, str] = {
 
 #: JVM options: a small heap and direct memory (a test broker beside the tests on a
 #: small machine), the client JIT only (start-up on a busy two-core machine), and what
-#: Pulsar's own launcher passes on Java 17. The two BookKeeper properties make the
-#: in-process bookie listen on loopback only (it reads system properties as settings).
+#: Pulsar's own launcher passes on Java 17. The BookKeeper properties (the in-process
+#: bookie reads system properties as settings) make it listen on loopback only and on the
+#: port given by ``--bookkeeper-port``: Pulsar's ``BKCluster`` takes that port only with
+#: ``allowEphemeralPorts`` set, and otherwise draws one in the ephemeral range.
 JVM_OPTIONS: tuple[str, ...] = (
     "-Xms64m",
     "-Xmx512m",
@@ -112,6 +115,7 @@ JVM_OPTIONS: tuple[str, ...] = (
     "-Dio.netty.tryReflectionSetAccessible=true",
     "-Dorg.apache.bookkeeper.conf.readsystemproperties=true",
     "-DlisteningInterface=lo",
+    "-DallowEphemeralPorts=true",
     "--add-opens=java.base/java.io=ALL-UNNAMED",
     "--add-opens=java.base/java.util.zip=ALL-UNNAMED",
     "--add-opens=java.base/sun.net=ALL-UNNAMED",
@@ -182,6 +186,8 @@ class PulsarServer:
     _owned: list[Path] = field(default_factory=list)
     #: The token its own admin calls present (a broker started with :func:`token_auth`).
     token: str | None = None
+    #: The in-process bookie's port (loopback).
+    bookie_port: int = 0
     #: Its TLS binary and admin ports (0: no TLS listeners).
     tls_broker_port: int = 0
     tls_web_port: int = 0
@@ -440,16 +446,20 @@ def start_pulsar(
     work.mkdir(parents=True, exist_ok=True)
     fixed = broker_port is not None and web_port is not None
     for attempt in range(_START_ATTEMPTS):
-        ports = (broker_port or free_port(), web_port or free_port())
-        tls_ports = (free_port(), free_port()) if tls is not None else (0, 0)
+        drawn = iter(free_ports(5))
+        ports = (broker_port or next(drawn), web_port or next(drawn))
+        bookie = next(drawn)
+        tls_ports = (next(drawn), next(drawn)) if tls is not None else (0, 0)
         conf = _write_config(work, *ports, {**_tls_settings(tls, *tls_ports), **(settings or {})})
         argv = [
             java, *JVM_OPTIONS, f"-Dlog4j2.configurationFile={work / 'log4j2.properties'}",
             "-cp", f"{libs}/*", MAIN_CLASS, "--config", str(conf),
             "--no-functions-worker", "--no-stream-storage",
             "--metadata-dir", str(work / "metadata"), "--bookkeeper-dir", str(work / "bookie"),
+            "--bookkeeper-port", str(bookie),
         ]  # fmt: skip
         server = PulsarServer(argv, work, *ports, _owned=owned, token=token)
+        server.bookie_port = bookie
         server.tls_broker_port, server.tls_web_port = tls_ports
         server._spawn()
         try:

@@ -40,7 +40,8 @@ from pathlib import Path
 from types import TracebackType
 
 from htmqc.errors import RuntimeFailure
-from htmqc.sources.nats_server import _tail, free_port
+from htmqc.loopback import free_port
+from htmqc.sources.nats_server import _tail
 from htmqc.sources.tls import ServerTls
 
 #: Seconds :func:`start_rabbitmq` waits for the node.

@@ -26,8 +26,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from htmqc.broker import _die_with_parent, free_port
+from htmqc.broker import _die_with_parent
 from htmqc.errors import RuntimeFailure
+from htmqc.loopback import free_port
 
 HOST = "127.0.0.1"
 _MASTER = "org.apache.spark.deploy.master.Master"
