@@ -20,6 +20,7 @@ from htmqc.core.retry import FailureKind
 from htmqc.dlq.record import dlq_topic, poison_topic
 from htmqc.errors import RuntimeFailure, UsageError
 from htmqc.logs import LIBRDKAFKA_LOGGER, flush_repeats, limit_repeats
+from htmqc.runtime import affinity
 from htmqc.runtime.decode import wants_decoding
 from htmqc.runtime.handlers import check_handler
 from htmqc.runtime.loop import Engine
@@ -156,6 +157,8 @@ def build_engine(
     """Everything :func:`run` needs, checked (the handler's signature first,
     before anything connects); the caller runs it."""
     check_handler(handler, options.mode)
+    if options.python_cpu is not None:
+        affinity.check(options.python_cpu)
     limit_repeats()  # htmqc's and librdkafka's repeated lines (htmqc.logs)
     decoders = None
     if wants_decoding(options):  # formats checked, Protobuf classes imported: no I/O yet

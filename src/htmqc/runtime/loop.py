@@ -64,6 +64,7 @@ from htmqc.errors import HtmqcError, RuntimeFailure
 from htmqc.kafka_defaults import consumer_config
 from htmqc.observe.tracing import batch_spans, commit_spans
 from htmqc.ports import Clock, ConsumerPort, ProducerPort, Sink, SystemClock
+from htmqc.runtime import affinity
 from htmqc.runtime.decode import Decoders, decoding, wants_decoding
 from htmqc.runtime.delivery import AtLeastOnce, ExactlyOnce
 from htmqc.runtime.failures_io import Failures, MessageTooLarge, check_size
@@ -311,6 +312,8 @@ class Engine:
         self.ever_assigned = False
         self._shutdown_deadline: float | None = None
         self._started = False
+        #: The poll thread's CPU affinity before ``--python-cpu`` pinned it.
+        self._affinity: set[int] | None = None
         #: Real time of the last poll (``/healthz``).
         self._polled = time.monotonic()
         #: How many ``consume`` calls have started: a batch's number, and the time
@@ -742,6 +745,8 @@ class Engine:
         self._started = True
         if self.sink is not None:
             self.sink.bind(self.consumer)
+        if self.options.python_cpu is not None:
+            self._affinity = affinity.pin(self.options.python_cpu)  # the workers inherit it
         self.workers.start()
         topics = [*self.subscription.topics, *self.retry_sources]
         self.consumer.subscribe(
@@ -763,6 +768,9 @@ class Engine:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self._close_threads()
+            if self._affinity is not None:
+                affinity.unpin(self._affinity)
+                self._affinity = None
         return self.stats.finished
 
     def shutdown(self) -> None:

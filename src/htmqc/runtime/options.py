@@ -123,6 +123,8 @@ class RunOptions:
     ``sink_retry_seconds``: how long an exactly-once sink that lost its
     database is reconnected (with backoff) before the run stops with exit 1.
     ``trace``: a file to append core transitions to (:mod:`htmqc.runtime.trace`).
+    ``python_cpu``: the one CPU of the poll thread and the handler threads
+    (:mod:`htmqc.runtime.affinity`).
 
     Failures: ``max_retries`` retries with full-jitter backoff from ``backoff_ms``
     capped at ``backoff_max_ms``; ``poison_threshold`` failures of one message
@@ -185,6 +187,11 @@ class RunOptions:
         None, "sqlite:///PATH | postgresql://... | kafka:TOPIC (exactly-once)"
     )
     workers: int = opt(1, "handler threads (at-least-once)", limits=(0, 1024, True))
+    python_cpu: int | None = opt(
+        None, "run the poll loop and the handler threads on this CPU only (librdkafka's "
+        "threads keep every CPU); faster when handlers hold the GIL",
+        limits=(0, 65_535, True), metavar="CPU",
+    )  # fmt: skip
     max_in_flight: int = opt(
         10_000, "unfinished messages before pausing", limits=(1, 10_000_000, True)
     )
