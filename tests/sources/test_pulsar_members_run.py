@@ -90,10 +90,19 @@ class Member:
         self.got += self.consumer.consume(500, 0.05)
 
 
+def _state(members: list[Member]) -> str:
+    """What each member holds and has read, by partition (for a timeout's message)."""
+    return "; ".join(
+        f"member {i} holds {sorted(m.held())}, read "
+        f"{dict(sorted(Counter(msg.partition() for msg in m.got).items()))}"
+        for i, m in enumerate(members)
+    )
+
+
 def run_until(members: list[Member], done: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not done():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what} ({_state(members)})"
         for member in members:
             member.poll()
 
