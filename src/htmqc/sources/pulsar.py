@@ -48,10 +48,11 @@ admin calls.
 
 *Fetching.* Each assigned, unpaused partition has a pump (a *session*,
 :meth:`PulsarConsumer._session`) that owns one **non-durable reader** of the partition
-topic, created at the message id :meth:`PulsarAdmin.locate` answers for the partition's
-position (``start_message_id_inclusive``; past the last stored message, at the last
-entry, whose messages below the position are dropped; on a partition with no entry, at
-the earliest). Reads of up to ``fetch_batch`` messages go into a bounded buffer (the
+topic, created at the message id :meth:`PulsarAdmin.read_start` answers for the
+partition's position (``start_message_id_inclusive``; past the last stored message, at
+the last entry, whose messages below the position are dropped; on a partition with no
+entry, at the earliest; both from one read of the partition's ledgers, which may grow
+meanwhile). Reads of up to ``fetch_batch`` messages go into a bounded buffer (the
 first waits :data:`READ_WAIT_MS`, the rest take what the reader holds); a full buffer or
 a pause stops reading. ``seek`` (and a new assignment) ends the session: its reader is
 closed and a new one starts at the new position. A durable subscription's ``seek``
@@ -460,12 +461,20 @@ class PulsarAdmin:
         last = self.entry(topic, partition, *self._nth(ledgers, total - 1))
         return first.first, last.index + 1
 
-    def locate(self, topic: str, partition: int, offset: int) -> tuple[int, int, int] | None:
+    def locate(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        ledgers: list[tuple[int, int]] | None = None,
+    ) -> tuple[int, int, int] | None:
         """``(ledger, entry, batch index)`` of the message at ``offset`` (batch index
         ``-1`` when its entry is not a batch; the entry's first message when the offset
         falls in a hole), or ``None`` when no stored message is at or above it.
-        A binary search: about ``log2(entries)`` admin calls."""
-        ledgers = self.ledgers(topic, partition)
+        A binary search over ``ledgers`` (default: read now), about ``log2(entries)``
+        admin calls."""
+        if ledgers is None:
+            ledgers = self.ledgers(topic, partition)
         lo, hi = 0, sum(count for _ledger, count in ledgers)
         found: tuple[int, int, Entry] | None = None
         while lo < hi:  # the first entry whose last message is at or above offset
@@ -483,6 +492,22 @@ class PulsarAdmin:
         if offset < got.first:
             return ledger, entry, 0 if got.messages > 1 else -1
         return ledger, entry, (offset - got.first) if got.messages > 1 else -1
+
+    def read_start(self, topic: str, partition: int, offset: int) -> tuple[int, int, int] | None:
+        """Where a reader of the partition from ``offset`` starts, inclusive:
+        :meth:`locate`'s answer; past the last stored message, the last entry (batch
+        index ``-1``: the reader drops its messages below ``offset``); ``None`` (the
+        earliest) when the partition holds no entry.
+
+        Both answers come from **one** read of the ledgers. The partition may grow
+        meanwhile: a second read could name an entry appended after the search, and a
+        reader started there would skip every entry between (a loss, once committed)."""
+        ledgers = self.ledgers(topic, partition)
+        located = self.locate(topic, partition, offset, ledgers)
+        if located is not None or not ledgers:
+            return located
+        ledger, count = ledgers[-1]
+        return ledger, count - 1, -1
 
 
 # -- the consumer ---------------------------------------------------------------------------
@@ -967,18 +992,12 @@ class PulsarConsumer(PumpedConsumer):
 
     def _start_id(self, topic: str, partition: int, offset: int) -> tuple[Any, bool]:
         """The reader's start of a partition read from ``offset``: ``(message id,
-        inclusive)``. The located message (inclusive); past the last stored one, the
-        last entry's first message (what precedes ``offset`` is dropped); a partition
-        with no entry: the earliest."""
+        inclusive)``, at :meth:`PulsarAdmin.read_start` (``None``: the earliest)."""
         import pulsar
 
-        located = self.admin.locate(topic, partition, offset)
+        located = self.admin.read_start(topic, partition, offset)
         if located is None:
-            ledgers = self.admin.ledgers(topic, partition)
-            if not ledgers:
-                return pulsar.MessageId.earliest, True
-            ledger, count = ledgers[-1]
-            located = (ledger, count - 1, -1)
+            return pulsar.MessageId.earliest, True
         ledger, entry, batch = located
         mid = pulsar.MessageId(partition=-1, ledger_id=ledger, entry_id=entry, batch_index=batch)
         return mid, True
