@@ -337,11 +337,15 @@ def flush_repeats() -> None:
 #: ``--log-level DEBUG``. ``pulsar``: pulsar-client's C++ lines
 #: (:func:`htmqc.sources.pulsar.client_logger`).
 CLIENT_LOGGERS = ("pika", "rstream", "pulsar")
+#: Client libraries whose INFO lines are chatter (py4j, PySpark's bridge to the JVM,
+#: logs every connection it opens and closes, even from a garbage-collected client long
+#: after the command's streams are gone): shown from WARNING up, all at ``DEBUG``.
+CHATTY_LOGGERS = ("py4j",)
 
 
 def setup(level: str = "INFO", fmt: str = "text", stream: IO[str] | None = None) -> None:
     """Configure the root logger once for a command (and quiet
-    :data:`CLIENT_LOGGERS` below ``DEBUG``).
+    :data:`CLIENT_LOGGERS` and :data:`CHATTY_LOGGERS` below ``DEBUG``).
 
     :raises UsageError: unknown level or format.
     """
@@ -360,3 +364,6 @@ def setup(level: str = "INFO", fmt: str = "text", stream: IO[str] | None = None)
     for name in CLIENT_LOGGERS:
         logging.getLogger(name).setLevel(logging.NOTSET if numeric <= logging.DEBUG
                                          else logging.CRITICAL)  # fmt: skip
+    for name in CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if numeric <= logging.DEBUG
+                                         else logging.WARNING)  # fmt: skip

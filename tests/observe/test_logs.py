@@ -70,3 +70,22 @@ def test_a_client_librarys_own_errors_show_only_at_debug(client: str) -> None:
     finally:
         logging.getLogger(client).setLevel(logging.NOTSET)
         setup("WARNING")
+
+
+def test_py4j_chatter_shows_only_at_debug_and_its_warnings_always() -> None:
+    """py4j logs each connection it closes at INFO, also from a client collected
+    long after a command ended (CI printed "Logging error" tracebacks: the stream of
+    an earlier in-process command was closed); its warnings still show."""
+    out = io.StringIO()
+    try:
+        setup("INFO", stream=out)
+        logging.getLogger("py4j.clientserver").info("Closing down clientserver connection")
+        assert out.getvalue() == ""
+        logging.getLogger("py4j.clientserver").warning("answer lost")
+        assert "answer lost" in out.getvalue()
+        setup("DEBUG", stream=out)
+        logging.getLogger("py4j.clientserver").info("Closing down clientserver connection")
+        assert "Closing down" in out.getvalue()
+    finally:
+        logging.getLogger("py4j").setLevel(logging.NOTSET)
+        setup("WARNING")
