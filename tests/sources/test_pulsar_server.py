@@ -11,13 +11,19 @@ import socket
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from htmqc.errors import RuntimeFailure
 from htmqc.loopback import FLOOR, ephemeral_low
-from htmqc.sources.pulsar_server import PulsarServer, pulsar_libs, start_pulsar
+from htmqc.sources.pulsar_server import (
+    PulsarServer,
+    kept_bookie_port,
+    pulsar_libs,
+    start_pulsar,
+)
 from tests.services import require_module, require_pulsar
 
 pytestmark = pytest.mark.slow
@@ -150,6 +156,30 @@ def test_start_restart_and_stop_leave_nothing_running(pulsar_module: Any) -> Non
         os.kill(pid, 0)
     assert not work.exists()
     assert not any(_port_open(p) for p in ports)
+
+
+def test_a_kept_bookies_port_is_read_from_its_cookie(tmp_path: Path) -> None:
+    assert kept_bookie_port(tmp_path) is None  # no bookie ran here
+    version = tmp_path / "bookie" / "current" / "VERSION"
+    version.parent.mkdir(parents=True)
+    version.write_text('5\nbookieHost: "127.0.0.1:28984"\njournalDir: "/x/bookie"\n')
+    assert kept_bookie_port(tmp_path) == 28984
+    version.write_text("5\njournalDir: \"/x/bookie\"\n")
+    assert kept_bookie_port(tmp_path) is None
+
+
+def test_a_start_on_a_kept_work_folder_names_the_port_its_bookie_listens_on(
+    tmp_path: Path,
+) -> None:
+    """BookKeeper starts a bookie whose cookie exists on the cookie's port, whatever
+    ``--bookkeeper-port`` says: ``bookie_port`` must be that one (a drawn one was
+    named while nothing listened on it)."""
+    require_pulsar()
+    with start_pulsar(work=tmp_path) as first:
+        port = first.bookie_port
+    assert tmp_path.exists() and not _port_open(port)
+    with start_pulsar(work=tmp_path) as again:
+        assert again.bookie_port == port and _port_open(port)
 
 
 def test_missing_jars_name_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:

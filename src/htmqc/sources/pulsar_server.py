@@ -8,7 +8,8 @@ overrides the folder): the metadata store is RocksDB (no ZooKeeper), one BookKee
 bookie runs in the same JVM, no functions worker and no stream storage. The broker's
 binary port and its admin (HTTP) port are free loopback ports unless given, and the
 bookie gets one too (:func:`htmqc.loopback.free_ports`: below the kernel's ephemeral
-range, so a restart finds all three free again). It waits until the broker logged that its
+range, so a restart finds all three free again; on a kept working folder, the port its
+bookie's cookie recorded, :func:`kept_bookie_port`). It waits until the broker logged that its
 messaging service is ready and the admin API lists the ``public/default`` namespace, and
 returns a :class:`PulsarServer`. A port taken between probing and binding is retried
 with fresh ports.
@@ -45,6 +46,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -186,7 +188,8 @@ class PulsarServer:
     _owned: list[Path] = field(default_factory=list)
     #: The token its own admin calls present (a broker started with :func:`token_auth`).
     token: str | None = None
-    #: The in-process bookie's port (loopback).
+    #: The in-process bookie's port (loopback): drawn, or on a kept ``work`` the one
+    #: its cookie recorded (:func:`kept_bookie_port`).
     bookie_port: int = 0
     #: Its TLS binary and admin ports (0: no TLS listeners).
     tls_broker_port: int = 0
@@ -419,6 +422,20 @@ def token_auth(secret: bytes) -> tuple[dict[str, str], str]:
     return settings, admin
 
 
+def kept_bookie_port(work: Path) -> int | None:
+    """The port recorded in the cookie of a bookie that ran in ``work`` before
+    (``bookie/current/VERSION``, ``bookieHost: "127.0.0.1:PORT"``), or ``None``.
+    BookKeeper starts such a bookie on that port again whatever ``--bookkeeper-port``
+    says, so a start on a kept ``work`` passes it on, and
+    :attr:`PulsarServer.bookie_port` names the port the bookie listens on."""
+    try:
+        text = (work / "bookie" / "current" / "VERSION").read_text()
+    except OSError:
+        return None
+    found = re.search(r'bookieHost:\s*"[^"]*:(\d+)"', text)
+    return int(found.group(1)) if found else None
+
+
 def start_pulsar(
     *,
     broker_port: int | None = None,
@@ -448,7 +465,7 @@ def start_pulsar(
     for attempt in range(_START_ATTEMPTS):
         drawn = iter(free_ports(5))
         ports = (broker_port or next(drawn), web_port or next(drawn))
-        bookie = next(drawn)
+        bookie = kept_bookie_port(work) or next(drawn)
         tls_ports = (next(drawn), next(drawn)) if tls is not None else (0, 0)
         conf = _write_config(work, *ports, {**_tls_settings(tls, *tls_ports), **(settings or {})})
         argv = [
