@@ -11,11 +11,13 @@ before it starts its workers: the poll loop, the handler threads and whatever th
 thread starts later share one CPU, librdkafka's fetchers and the broker the others.
 :meth:`~htmqc.runtime.Engine.run` unpins the poll thread when it returns.
 
-Why: the two Python threads take turns on the GIL anyway, and every message is built on
-the poll thread and read, then freed, on a worker. On two CPUs those objects move between
-the CPUs' caches; on one they do not. Measured (benchmarks/README.md, "One CPU for the
-Python threads"): at-least-once on the bundled broker 10 % more throughput, on Apache
-Kafka 0.95x and 1.05x the raw loop at 100 B and 1 KiB instead of 0.81x and 0.89x. The
+Why: the two Python threads take turns on the GIL anyway; on two CPUs what they share
+(each message is built on the poll thread and read, then freed, on a worker; the
+interpreter's own state) moves between the CPUs' caches at every turn, on one it does
+not (the likely mechanism: the cost of the two CPUs is measured, its parts are not).
+Measured (benchmarks/README.md, "One CPU for the Python threads"): at-least-once on the
+bundled broker 10 % more throughput, on Apache Kafka 0.95x and 1.05x the raw loop at
+100 B and 1 KiB instead of 0.81x and 0.89x. The
 cost, why it is not the default: a handler that releases the GIL to compute (a C
 extension, compression) then shares its CPU with the poll loop, and several consumers
 pinned to the same CPU share it even when others are idle.
