@@ -54,10 +54,10 @@ pytest: setup ## the pytest suite, less the formal checks (those run in `verify`
 	@$(MAKE) --no-print-directory pytest-parallel
 	@$(MAKE) --no-print-directory pytest-serial
 
-pytest-parallel: setup
+pytest-parallel: setup ## the tests that share four processes (what `make test` runs beside the proof gate)
 	$(PY) -m pytest -q $(XDIST) -m "not formal and not serial" --durations=25
 
-pytest-serial: setup
+pytest-serial: setup ## the `serial` tests, alone (exit deadlines, races another process could decide)
 	$(PY) -m pytest -q -m "serial and not formal" --durations=10
 
 # The fast tier starts no process at all: tests/conftest.py fails a test not marked
