@@ -101,9 +101,10 @@ formal-tests: setup ## pytest's formal tests (Hypothesis stateful vs reference m
 	  --deselect tests/proofs/test_differential.py::test_the_code_agrees_with_the_model
 
 # `make test` runs the proof gate beside the parallel tests, at low CPU priority (nice
-# 10): those tests leave about a quarter of the two CPUs idle (waiting on brokers,
-# JVMs, timeouts; vmstat over a run: 23 % idle), which the gate takes, and it
-# barely slows them. Each prints whole when it ends; the serial tests run alone
+# 10): those tests leave 14-23 % of the two CPUs idle (waiting on brokers, JVMs,
+# timeouts; `vmstat 5` over a run: 23 % in its first 11 minutes, 14 % overall), which
+# the gate takes; the parallel tests took 1135-1194 s with it beside them, 1085-1274 s
+# without, in two runs each. Each prints whole when it ends; the serial tests run alone
 # after both, as in `make pytest`. CrossHair's budgets are CPU time, so the gate
 # explores as much as when run alone.
 test: lint typecheck ## everything CI runs: lint, types, proof gate, tests

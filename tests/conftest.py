@@ -179,11 +179,11 @@ def _slow(item: pytest.Item) -> bool:
     return where.startswith(("spark/", *_SLOW_FILES))
 
 
-#: The longest test files (relative to ``tests/``), longest first: seconds each took
-#: in one `make pytest-parallel` run here (2026-12-08), 407 down to 60 of 1085 s.
-#: pytest-xdist's ``--dist loadfile`` hands files out in collection order, and these
-#: came last (``spark/`` sorts late): the run ended on two of them while the other
-#: workers idled. Scheduled first, the short files fill the end. A stale entry only
+#: The longest test files (relative to ``tests/``), longest first: about 407 down to
+#: 60 seconds each in one `make pytest-parallel` run of 1085 s here (2026-12-08).
+#: pytest-xdist's ``--dist loadfile`` hands files out in collection order, and the
+#: Spark files among these came last (``spark/`` sorts late): the run ended on them
+#: while the other workers idled. Scheduled first, the short files fill the end. A stale entry only
 #: costs order; a missing file fails ``tests/test_schedule.py``.
 LONGEST_FIRST = (
     "runtime/test_modes_broker.py",

@@ -61,8 +61,8 @@ def test_zombie_without_fence_is_caught(tmp_path: Path, broker_kind: str) -> Non
     [pg] = result.pipelines
     # What the late write breaks depends on a race: whether the successor ran the
     # zombie's messages again (duplicates), and whether the zombie's commit or its
-    # successor's moved the position last. Each run shows at least one of these; a
-    # run passed 6 of 6 with all three, CI once saw no duplicate.
+    # successor's moved the position last. Each run shows at least one of these: six
+    # runs here each showed all three; CI once saw no duplicate.
     late = {
         "duplicate": pg.audit.counts["duplicate"],
         "nonmonotonic-commit": pg.audit.counts["nonmonotonic-commit"],
